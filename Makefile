@@ -1,0 +1,36 @@
+# Two commands on a fresh machine: `make demo` (set up + quickstart), `make test` (set up + tests).
+VENV       ?= .venv
+PY         := $(VENV)/bin/python
+# This machine has a CPU build of torch 2.13.0 on disk; elsewhere pick yours (e.g. TORCH_SPEC=torch).
+TORCH_SPEC ?= torch==2.13.0
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup demo test test-slow test-all bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+demo: setup
+	$(VENV)/bin/rlvr quickstart
+
+test: setup
+	$(PY) -m pytest -q
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow
+
+test-all: setup
+	$(PY) -m pytest -q -m "slow or not slow"
+
+bench: setup
+	$(PY) benchmarks/quickstart_stages.py --json runs/bench/quickstart_stages.json
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,85 @@
+"""Evaluation: pass@1 (greedy) and unbiased pass@k with confidence intervals, per domain and level.
+
+Tasks come from the eval split, which is disjoint from training by construction (hashed keys)
+and by ``check_disjoint``. The result is a plain dict, written as JSON by the caller.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from rlvr.algos.passk import pass_at_k, wilson_interval, confidence_interval
+from rlvr.rollout.collect import collect
+from rlvr.rollout.engine import SamplingParams
+from rlvr.types import Task
+from rlvr.verifiers import get_verifier
+from rlvr.config import check_range
+
+
+@dataclass
+class EvalConfig:
+    domains: list[str] = field(default_factory=lambda: ["math.arith", "math.word"])
+    """Domains of the eval suite."""
+    tasks: int = 500
+    """Held-out eval tasks (spread evenly over domains and levels)."""
+    levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
+    """Difficulty levels to include."""
+    seed: int = 1234
+    """Seed of the eval task draw."""
+    samples: int = 1
+    """Samples per task; 1 with temperature 0 is greedy pass@1."""
+    temperature: float = 0.0
+    """Sampling temperature for eval (0 = greedy)."""
+    k: list[int] = field(default_factory=lambda: [1])
+    """pass@k values to report (each k <= samples)."""
+    max_new_tokens: int = 48
+    """Generation budget per answer."""
+    batch_size: int = 256
+    """Sequences decoded together."""
+
+    def __post_init__(self) -> None:
+        check_range("eval.tasks", self.tasks, 1)
+        check_range("eval.samples", self.samples, 1)
+        for k in self.k:
+            check_range("eval.k", k, 1, self.samples)
+
+
+def evaluate(model, tokenizer, tasks: list[Task], cfg: EvalConfig, *, seed: int = 0) -> dict:
+    """Run the suite; return {"overall": stats, "by_domain": {domain: stats + by_level}}."""
+    params = SamplingParams(
+        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0, n=cfg.samples,
+        stop_token_ids=[tokenizer.eos_token_id],
+    )
+    gen = torch.Generator().manual_seed(seed)
+    trajectories = collect(model, tokenizer, tasks, params, generator=gen, batch_size=cfg.batch_size)
+    correct: dict[str, int] = defaultdict(int)
+    for traj in trajectories:
+        task = tasks[traj.group_id]
+        correct[task.id] += int(get_verifier(task).check(task, traj.completion).passed)
+
+    def stats(subset: list[Task]) -> dict:
+        out: dict = {"n_tasks": len(subset), "samples": cfg.samples}
+        for k in cfg.k:
+            values = [pass_at_k(cfg.samples, correct[t.id], k) for t in subset]
+            out[f"pass@{k}"] = sum(values) / len(values)
+            if cfg.samples == 1:
+                out[f"pass@{k}_ci95"] = list(wilson_interval(sum(correct[t.id] for t in subset), len(subset)))
+            else:
+                out[f"pass@{k}_ci95"] = list(confidence_interval(values))
+        return out
+
+    report: dict = {"overall": stats(tasks), "by_domain": {}}
+    for domain in sorted({t.domain for t in tasks}):
+        in_domain = [t for t in tasks if t.domain == domain]
+        report["by_domain"][domain] = stats(in_domain)
+        report["by_domain"][domain]["by_level"] = {
+            str(level): stats([t for t in in_domain if t.level == level])
+            for level in sorted({t.level for t in in_domain})
+        }
+    report["samples"] = [
+        {"task_id": tr.task_id, "completion": tr.completion} for tr in trajectories[: min(8, len(trajectories))]
+    ]
+    return report

@@ -1,0 +1,54 @@
+"""Registries: the extension points of rlvr, each keyed by a lowercase name.
+
+A duplicate name raises; an unknown name raises with the sorted choices (it is a user error,
+so the CLI prints it without a traceback). Adding a domain, verifier, advantage estimator or
+loss is a new function or class plus one ``@REGISTRY.register("name")`` line.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Generic, Iterator, TypeVar
+
+from rlvr.errors import UserError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """A name -> entry map that refuses duplicates and explains misses."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        if name != name.lower():
+            raise ValueError(f"{self.kind} names are lowercase: {name!r}")
+
+        def decorator(entry: T) -> T:
+            if name in self._entries and self._entries[name] is not entry:
+                raise ValueError(f"{self.kind} {name!r} is already registered")
+            self._entries[name] = entry
+            return entry
+
+        return decorator
+
+    def get(self, name: str) -> T:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise UserError(
+                f"unknown {self.kind} {name!r}; choose one of: {', '.join(self.names())}"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._entries)

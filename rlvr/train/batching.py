@@ -1,0 +1,43 @@
+"""Collation: variable-length token sequences -> right-padded tensors (a ``Batch``).
+
+Every trainer builds its tensors here so padding, masks and alignment are defined once.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from rlvr.types import Batch, Trajectory
+
+
+def pad_right(rows: Sequence[Sequence], value, dtype) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(list(r), dtype=dtype)
+    return out
+
+
+def collate(trajectories: Sequence[Trajectory], advantages: Sequence[float], pad_token_id: int) -> Batch:
+    """Trajectories (token ids, loss mask, sampling logprobs) + one advantage each -> Batch."""
+    ids = pad_right([t.token_ids for t in trajectories], pad_token_id, torch.long)
+    return Batch(
+        input_ids=ids,
+        attention_mask=pad_right([[1] * len(t.token_ids) for t in trajectories], 0, torch.long),
+        loss_mask=pad_right([t.loss_mask for t in trajectories], 0, torch.float32),
+        old_logprobs=pad_right([t.logprobs for t in trajectories], 0.0, torch.float32),
+        advantages=torch.tensor(list(advantages), dtype=torch.float32),
+    )
+
+
+def select(batch: Batch, rows: torch.Tensor) -> Batch:
+    """Rows of a batch, trimmed to the longest remaining sequence (saves compute on padding)."""
+    width = int(batch.attention_mask[rows].sum(dim=1).max())
+    cut = lambda x: None if x is None else x[rows, :width]  # noqa: E731
+    return Batch(
+        input_ids=cut(batch.input_ids), attention_mask=cut(batch.attention_mask),
+        loss_mask=cut(batch.loss_mask), old_logprobs=cut(batch.old_logprobs),
+        advantages=batch.advantages[rows], ref_logprobs=cut(batch.ref_logprobs),
+    )

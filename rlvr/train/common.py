@@ -1,0 +1,112 @@
+"""Plumbing shared by the trainers: optimizer + schedule, timing, seeding, run directories.
+
+Kept out of the trainer files so each of them reads as its story.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Literal
+
+import numpy as np
+import torch
+
+from rlvr.config import check_range, save_config
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    """Peak learning rate (AdamW)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Linear warm-up, in optimizer steps."""
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """Decay after warm-up, down to `min_lr_ratio * lr` at the last step."""
+    min_lr_ratio: float = 0.1
+    """Final LR as a fraction of the peak (cosine / linear)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 disables)."""
+
+    def __post_init__(self) -> None:
+        check_range("optim.lr", self.lr, 0.0)
+        check_range("optim.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        check_range("optim.warmup_steps", self.warmup_steps, 0)
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
+    """AdamW (no decay on norms/biases) and a LambdaLR warm-up + decay schedule."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=tuple(cfg.betas),
+    )
+
+    def factor(step: int) -> float:
+        if cfg.warmup_steps and step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.schedule == "constant":
+            return 1.0
+        span = max(total_steps - cfg.warmup_steps, 1)
+        progress = min(max(step - cfg.warmup_steps, 0) / span, 1.0)
+        if cfg.schedule == "cosine":
+            shape = 0.5 * (1 + math.cos(math.pi * progress))
+        else:
+            shape = 1 - progress
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def clip_and_step(model, opt, sched, grad_clip: float) -> float:
+    """Clip gradients, step optimizer and schedule; return the pre-clip gradient norm."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    return float(norm)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Timer:
+    """Accumulates wall seconds per named phase: ``with timer("rollout"): ...``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def pop(self) -> dict[str, float]:
+        out = {f"time/{k}": v for k, v in self.seconds.items()}
+        self.seconds = {}
+        return out
+
+
+def prepare_run_dir(out: str | Path, cfg, *, resume: bool) -> Path:
+    """Create the run directory and write the resolved config into it."""
+    run_dir = Path(out)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+    return run_dir

@@ -1,0 +1,344 @@
+"""GRPO-family RL from verifiable rewards: the training loop, read top to bottom.
+
+One step:  tasks = pool.next()            which tasks (curriculum)
+           trajectories = collect()        n samples per task, exact tokens + sampling logprobs
+           scored = verify_and_reward()    verifier verdict -> reward terms
+           advantages = ADVANTAGES[...]    per group; zero-variance groups dropped
+           update()                        PPO-clip epochs over mini/micro-batches
+           log, eval, checkpoint           metrics.jsonl + TensorBoard; atomic, resumable
+Algorithm variants live in registries (``rlvr.algos``); this file never branches on their names.
+In-process and single-device by design; distribution sits behind the worker interface.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from rich.progress import Progress
+
+from rlvr.algos.advantages import ADVANTAGES, group_has_variance
+from rlvr.algos.kl import KL_ESTIMATORS
+from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES
+from rlvr.config import check_choice, check_range
+from rlvr.curriculum.pool import TaskPool
+from rlvr.eval.evaluate import EvalConfig, evaluate
+from rlvr.model.checkpoint import (latest_checkpoint, load_trainer_state, prune_checkpoints, rng_state,
+                                   save_checkpoint, save_model_dir, set_rng_state)
+from rlvr.model.load import load_model_and_tokenizer
+from rlvr.monitor.metrics import MetricsLogger
+from rlvr.rewards import RewardConfig, score
+from rlvr.rollout.collect import collect
+from rlvr.rollout.engine import SamplingParams, sequence_logprobs
+from rlvr.tasks.base import generate_tasks
+from rlvr.train.batching import collate, select
+from rlvr.train.common import OptimConfig, Timer, build_optimizer, clip_and_step, prepare_run_dir, seed_everything
+from rlvr.types import Batch, Scored, Task, Trajectory
+from rlvr.verifiers import get_verifier
+
+
+@dataclass
+class RolloutConfig:
+    tasks_per_step: int = 16
+    """Tasks (prompts) per RL step."""
+    samples_per_task: int = 8
+    """Samples per task: the group size G."""
+    max_new_tokens: int = 48
+    """Generation budget per sample, in tokens."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    batch_size: int = 256
+    """Sequences decoded together."""
+
+    def __post_init__(self) -> None:
+        check_range("rollout.tasks_per_step", self.tasks_per_step, 1)
+        check_range("rollout.samples_per_task", self.samples_per_task, 1)
+        check_range("rollout.temperature", self.temperature, 0.0)
+        check_range("rollout.top_p", self.top_p, 0.0, 1.0)
+
+
+@dataclass
+class AlgoConfig:
+    advantage: str = "grpo"
+    """Advantage estimator: grpo | dr_grpo | rloo (registry ADVANTAGES)."""
+    policy_loss: str = "ppo_clip"
+    """Policy loss (registry POLICY_LOSSES)."""
+    aggregation: str = "token_mean"
+    """token_mean (DAPO) | seq_mean_token_mean (GRPO) | seq_mean_token_sum_norm (Dr. GRPO)."""
+    clip_low: float = 0.2
+    """PPO clip range below 1 (epsilon_low)."""
+    clip_high: float = 0.28
+    """PPO clip range above 1 (epsilon_high; > clip_low is DAPO clip-higher)."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to the frozen initial policy (0 = off, no reference model)."""
+    kl_estimator: str = "k3"
+    """KL estimator: k1 | k3."""
+    drop_zero_variance: bool = True
+    """Drop groups whose rewards are all equal (they carry no signal)."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    minibatch_size: int = 0
+    """Samples per optimizer step (0 = the whole rollout batch: one step per epoch)."""
+    microbatch_size: int = 64
+    """Samples per forward/backward; gradients accumulate up to the mini-batch."""
+
+    def __post_init__(self) -> None:
+        check_choice("algo.advantage", self.advantage, ADVANTAGES.names())
+        check_choice("algo.policy_loss", self.policy_loss, POLICY_LOSSES.names())
+        check_choice("algo.aggregation", self.aggregation, AGGREGATIONS.names())
+        check_choice("algo.kl_estimator", self.kl_estimator, KL_ESTIMATORS.names())
+        check_range("algo.ppo_epochs", self.ppo_epochs, 1)
+        check_range("algo.microbatch_size", self.microbatch_size, 1)
+        check_range("algo.minibatch_size", self.minibatch_size, 0)
+
+
+@dataclass
+class GRPOConfig:
+    model: str = "runs/sft/final"
+    """Hugging Face causal-LM directory to start from."""
+    out: str = "runs/grpo"
+    """Run directory (config, metrics, checkpoints, final model)."""
+    seed: int = 0
+    """Seed for the task pool, sampling and update order."""
+    domains: list[str] = field(default_factory=lambda: ["math.arith", "math.word"])
+    """Training domains."""
+    levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
+    """Difficulty levels in the pool."""
+    train_tasks: int = 4000
+    """Size of the training task pool (train split)."""
+    steps: int = 100
+    """RL steps (one rollout batch each)."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4, warmup_steps=5))
+    eval: EvalConfig = field(default_factory=lambda: EvalConfig(tasks=100))
+    """Periodic eval suite (eval split)."""
+    eval_every: int = 0
+    """Evaluate every this many steps (0 = never during training)."""
+    checkpoint_every: int = 25
+    """Write a resumable checkpoint every this many steps (and at the end)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk."""
+    save_trajectories_every: int = 10
+    """Write the first groups of a step to trajectories/step_N.jsonl every this many steps."""
+
+    def __post_init__(self) -> None:
+        check_range("steps", self.steps, 1)
+        check_range("checkpoint_every", self.checkpoint_every, 1)
+
+
+# --------------------------------------------------------------------------- the story
+
+
+def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) -> dict:
+    run = setup(cfg, resume)
+    with Progress(disable=not progress, transient=True) as bar:
+        job = bar.add_task("grpo", total=cfg.steps, completed=run.step)
+        for step in range(run.step + 1, cfg.steps + 1):
+            timer = Timer()
+            with timer("curriculum"):
+                tasks = run.pool.next(cfg.rollout.tasks_per_step)
+            with timer("rollout"):
+                trajectories = rollout(run, tasks, policy_version=step - 1)
+            with timer("verify"):
+                scored = verify_and_reward(tasks, trajectories, cfg)
+            with timer("advantage"):
+                kept, advantages = compute_advantages(scored, cfg)
+            with timer("update"):
+                train_metrics = update(run, kept, advantages, cfg)
+            metrics = {**rollout_metrics(tasks, scored, kept), **train_metrics}
+            if cfg.eval_every and step % cfg.eval_every == 0:
+                with timer("eval"):
+                    metrics.update(periodic_eval(run, cfg))
+            run.step = step
+            run.logger.log(step, {**metrics, **timer.pop()})
+            if step % cfg.save_trajectories_every == 0:
+                save_trajectories(run.dir, step, scored)
+            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+                checkpoint(run, cfg)
+            bar.update(job, advance=1, description=f"grpo reward {metrics['rollout/reward_mean']:.2f}")
+    run.logger.close()
+    save_model_dir(run.dir / "final", run.model, run.tokenizer)
+    return {"steps": cfg.steps, "seconds": time.perf_counter() - run.started}
+
+
+# --------------------------------------------------------------------------- phases
+
+
+@dataclass
+class Run:
+    """Everything a step touches; checkpointed by ``checkpoint`` and restored by ``setup``."""
+
+    cfg: GRPOConfig
+    dir: Path
+    model: torch.nn.Module
+    tokenizer: object
+    ref_model: torch.nn.Module | None
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    pool: TaskPool
+    generator: torch.Generator
+    logger: MetricsLogger
+    step: int
+    started: float
+
+
+def setup(cfg: GRPOConfig, resume: bool) -> Run:
+    seed_everything(cfg.seed)
+    run_dir = prepare_run_dir(cfg.out, cfg, resume=resume)
+    ckpt = latest_checkpoint(run_dir) if resume else None
+    model, tokenizer = load_model_and_tokenizer(str(ckpt) if ckpt else cfg.model)
+    ref_model = None
+    if cfg.algo.kl_coef > 0:
+        ref_model, _ = load_model_and_tokenizer(cfg.model)
+        ref_model.eval().requires_grad_(False)
+    tasks = generate_tasks(cfg.domains, "train", cfg.train_tasks, seed=cfg.seed, levels=cfg.levels)
+    per_step = cfg.rollout.tasks_per_step * cfg.rollout.samples_per_task
+    updates_per_step = cfg.algo.ppo_epochs * math.ceil(per_step / (cfg.algo.minibatch_size or per_step))
+    optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.steps * updates_per_step)
+    pool = TaskPool(tasks, seed=cfg.seed)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    step = 0
+    if ckpt is not None:
+        state = load_trainer_state(ckpt)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        pool.load_state_dict(state["pool"])
+        generator.set_state(state["generator"])
+        set_rng_state(state["rng"])
+        step = state["step"]
+    logger = MetricsLogger(run_dir, resume_step=step if resume else None)
+    return Run(cfg, run_dir, model, tokenizer, ref_model, optimizer, scheduler, pool, generator, logger, step,
+               time.perf_counter())
+
+
+def rollout(run: Run, tasks: list[Task], policy_version: int) -> list[Trajectory]:
+    r = run.cfg.rollout
+    params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                            n=r.samples_per_task, stop_token_ids=[run.tokenizer.eos_token_id])
+    run.model.eval()
+    return collect(run.model, run.tokenizer, tasks, params, generator=run.generator,
+                   policy_version=policy_version, batch_size=r.batch_size)
+
+
+def verify_and_reward(tasks: list[Task], trajectories: list[Trajectory], cfg: GRPOConfig) -> list[Scored]:
+    out = []
+    for traj in trajectories:
+        task = tasks[traj.group_id]
+        verdict = get_verifier(task).check(task, traj.completion)
+        out.append(score(verdict, traj, cfg.reward, cfg.rollout.max_new_tokens))
+    return out
+
+
+def compute_advantages(scored: list[Scored], cfg: GRPOConfig) -> tuple[list[Scored], list[float]]:
+    """Group-relative advantages; samples of zero-variance groups are dropped if configured."""
+    rewards = torch.tensor([s.reward for s in scored], dtype=torch.float32)
+    groups = torch.tensor([s.trajectory.group_id for s in scored], dtype=torch.long)
+    advantages = ADVANTAGES.get(cfg.algo.advantage)(rewards, groups)
+    keep = group_has_variance(rewards, groups) if cfg.algo.drop_zero_variance else torch.ones_like(groups, dtype=torch.bool)
+    idx = keep.nonzero().flatten().tolist()
+    return [scored[i] for i in idx], [float(advantages[i]) for i in idx]
+
+
+def update(run: Run, kept: list[Scored], advantages: list[float], cfg: GRPOConfig) -> dict:
+    """PPO-clip epochs over mini-batches (one optimizer step each), micro-batched for memory."""
+    if not kept:
+        return {"train/skipped": 1.0}
+    a = cfg.algo
+    batch = collate([s.trajectory for s in kept], advantages, run.tokenizer.pad_token_id)
+    if run.ref_model is not None:
+        with torch.no_grad():
+            batch.ref_logprobs = sequence_logprobs(run.ref_model, batch.input_ids, batch.attention_mask)
+    run.model.train()
+    n = batch.input_ids.shape[0]
+    mb = a.minibatch_size or n
+    sums: dict[str, list[float]] = defaultdict(list)
+    for _ in range(a.ppo_epochs):
+        order = torch.randperm(n, generator=run.generator)
+        for start in range(0, n, mb):
+            mini = select(batch, order[start: start + mb])
+            totals = {"num_tokens": float(mini.loss_mask.sum()), "num_seqs": float(mini.input_ids.shape[0]),
+                      "max_tokens": cfg.rollout.max_new_tokens}
+            for ustart in range(0, mini.input_ids.shape[0], a.microbatch_size):
+                micro = select(mini, torch.arange(ustart, min(ustart + a.microbatch_size, mini.input_ids.shape[0])))
+                loss, metrics = micro_loss(run.model, micro, a, totals)
+                loss.backward()
+                for k, v in metrics.items():
+                    sums[f"train/{k}"].append(v)
+            sums["train/grad_norm"].append(clip_and_step(run.model, run.optimizer, run.scheduler, cfg.optim.grad_clip))
+    out = {k: sum(v) / len(v) for k, v in sums.items()}
+    out["train/lr"] = run.scheduler.get_last_lr()[0]
+    out["train/samples"] = float(n)
+    out["train/policy_tokens"] = float(batch.loss_mask.sum())
+    return out
+
+
+def micro_loss(model, micro: Batch, a: AlgoConfig, totals: dict) -> tuple[torch.Tensor, dict]:
+    logprobs = sequence_logprobs(model, micro.input_ids, micro.attention_mask)
+    loss, metrics = POLICY_LOSSES.get(a.policy_loss)(
+        logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask,
+        clip_low=a.clip_low, clip_high=a.clip_high, aggregation=a.aggregation, **totals)
+    metrics = dict(metrics)
+    metrics["pg_loss"] = float(loss)
+    if micro.ref_logprobs is not None:
+        kl = KL_ESTIMATORS.get(a.kl_estimator)(logprobs, micro.ref_logprobs)
+        kl_loss = AGGREGATIONS.get(a.aggregation)(kl, micro.loss_mask, **totals)
+        loss = loss + a.kl_coef * kl_loss
+        metrics["kl"] = float(kl_loss)
+    return loss, metrics
+
+
+# --------------------------------------------------------------------------- bookkeeping
+
+
+def rollout_metrics(tasks: list[Task], scored: list[Scored], kept: list[Scored]) -> dict:
+    n = len(scored)
+    out = {
+        "rollout/reward_mean": sum(s.reward for s in scored) / n,
+        "rollout/pass_rate": sum(s.verdict.passed for s in scored) / n,
+        "rollout/response_tokens_mean": sum(s.trajectory.num_policy_tokens for s in scored) / n,
+        "rollout/truncated_frac": sum(s.trajectory.finish_reason == "length" for s in scored) / n,
+        "rollout/kept_frac": len(kept) / n,
+    }
+    for term in sorted({t for s in scored for t in s.terms}):
+        out[f"rollout/reward_{term}"] = sum(s.terms.get(term, 0.0) for s in scored) / n
+    by_domain: dict[str, list[bool]] = defaultdict(list)
+    for s in scored:
+        by_domain[tasks[s.trajectory.group_id].domain].append(s.verdict.passed)
+    for domain, passed in by_domain.items():
+        out[f"rollout/pass_rate/{domain}"] = sum(passed) / len(passed)
+    return out
+
+
+def periodic_eval(run: Run, cfg: GRPOConfig) -> dict:
+    tasks = generate_tasks(cfg.eval.domains, "eval", cfg.eval.tasks, seed=cfg.eval.seed, levels=cfg.eval.levels)
+    report = evaluate(run.model, run.tokenizer, tasks, cfg.eval, seed=cfg.seed)
+    out = {"eval/pass@1": report["overall"]["pass@1"]}
+    for domain, stats in report["by_domain"].items():
+        out[f"eval/pass@1/{domain}"] = stats["pass@1"]
+    return out
+
+
+def save_trajectories(run_dir: Path, step: int, scored: list[Scored], limit: int = 16) -> None:
+    path = run_dir / "trajectories" / f"step_{step}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for s in scored[:limit]:
+            f.write(json.dumps({"task_id": s.trajectory.task_id, "completion": s.trajectory.completion,
+                                "finish_reason": s.trajectory.finish_reason, "reward": s.reward,
+                                "terms": s.terms, "verdict": s.verdict.to_dict()}) + "\n")
+
+
+def checkpoint(run: Run, cfg: GRPOConfig) -> None:
+    state = {"step": run.step, "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+             "pool": run.pool.state_dict(), "generator": run.generator.get_state(), "rng": rng_state()}
+    save_checkpoint(run.dir, run.step, run.model, run.tokenizer, state)
+    prune_checkpoints(run.dir, keep=cfg.keep_checkpoints)

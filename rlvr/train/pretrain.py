@@ -1,0 +1,105 @@
+"""Pretraining the embedded default: tokenizer + tiny Llama trained from scratch on raw text.
+
+The corpus is procedural text from the built-in domains (train-split problems only, never chat
+format). The result — ``<out>/final`` — is a plain Hugging Face model directory: the "prior" that
+SFT and RL start from. This is deliberately tiny so the whole stack runs on a laptop CPU.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+import torch
+from rich.progress import Progress
+
+from rlvr.config import check_range
+from rlvr.model.checkpoint import save_model_dir
+from rlvr.model.tiny import TinyModelConfig, build_tiny_model
+from rlvr.model.tokenizer import train_tokenizer
+from rlvr.monitor.metrics import MetricsLogger
+from rlvr.tasks.base import DOMAINS
+from rlvr.train.common import OptimConfig, build_optimizer, clip_and_step, prepare_run_dir, seed_everything
+
+
+@dataclass
+class PretrainConfig:
+    out: str = "runs/pretrain"
+    """Run directory; the model lands in <out>/final."""
+    seed: int = 0
+    """Seed for corpus, init and batch order."""
+    domains: list[str] = field(default_factory=lambda: ["math.arith", "math.word"])
+    """Built-in domains whose procedural corpus is used."""
+    docs_per_domain: int = 4000
+    """Corpus documents generated per domain."""
+    vocab_size: int = 384
+    """BPE vocabulary size of the trained tokenizer (digits are always single tokens)."""
+    model: TinyModelConfig = field(default_factory=TinyModelConfig)
+    """Architecture of the tiny Llama."""
+    steps: int = 600
+    """Optimizer steps."""
+    batch_size: int = 32
+    """Sequences per optimizer step."""
+    seq_len: int = 128
+    """Tokens per sequence (documents are packed, separated by the end token)."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3, warmup_steps=50, schedule="cosine", weight_decay=0.01))
+    """Optimizer and schedule."""
+    log_every: int = 25
+    """Log train/* every this many steps."""
+
+    def __post_init__(self) -> None:
+        check_range("pretrain.steps", self.steps, 1)
+        check_range("pretrain.seq_len", self.seq_len, 8)
+        for d in self.domains:
+            DOMAINS.get(d)
+
+
+def build_corpus(cfg: PretrainConfig) -> list[str]:
+    docs: list[str] = []
+    for name in cfg.domains:
+        docs.extend(DOMAINS.get(name).corpus(cfg.seed, cfg.docs_per_domain))
+    random.Random(cfg.seed).shuffle(docs)
+    return docs
+
+
+def pack(tokenizer, docs: list[str], seq_len: int) -> torch.Tensor:
+    """Concatenate documents (each followed by the end token) and cut into [N, seq_len] rows."""
+    ids: list[int] = []
+    for doc in docs:
+        ids.extend(tokenizer(doc, add_special_tokens=False)["input_ids"])
+        ids.append(tokenizer.eos_token_id)
+    n = len(ids) // seq_len
+    return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)
+
+
+def run_pretrain(cfg: PretrainConfig, *, progress: bool = True) -> dict:
+    seed_everything(cfg.seed)
+    run_dir = prepare_run_dir(cfg.out, cfg, resume=False)
+    start = time.perf_counter()
+    docs = build_corpus(cfg)
+    tokenizer = train_tokenizer(docs, vocab_size=cfg.vocab_size)
+    data = pack(tokenizer, docs, cfg.seq_len)
+    model = build_tiny_model(cfg.model, tokenizer, seed=cfg.seed)
+    model.train()
+    opt, sched = build_optimizer(model, cfg.optim, cfg.steps)
+    logger = MetricsLogger(run_dir)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    loss_value = float("nan")
+    with Progress(disable=not progress, transient=True) as bar:
+        job = bar.add_task("pretrain", total=cfg.steps)
+        for step in range(1, cfg.steps + 1):
+            rows = torch.randint(0, data.shape[0], (cfg.batch_size,), generator=gen)
+            batch = data[rows]
+            loss = model(input_ids=batch, labels=batch).loss
+            loss.backward()
+            grad_norm = clip_and_step(model, opt, sched, cfg.optim.grad_clip)
+            loss_value = float(loss)
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                logger.log(step, {"train/loss": loss_value, "train/grad_norm": grad_norm,
+                                  "train/lr": sched.get_last_lr()[0]})
+            bar.update(job, advance=1, description=f"pretrain loss {loss_value:.3f}")
+    logger.close()
+    save_model_dir(run_dir / "final", model, tokenizer)
+    return {"loss": loss_value, "tokens": int(data.numel()), "params": sum(p.numel() for p in model.parameters()),
+            "seconds": time.perf_counter() - start}

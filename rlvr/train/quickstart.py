@@ -1,0 +1,135 @@
+"""The quickstart: pretrain (cached) -> SFT -> eval -> GRPO -> eval -> report, on the tiny default.
+
+Everything lands in one directory (``runs/quickstart``): each stage's run directory, the eval
+JSONs, ``report.json`` (per domain ``sft_pass@1`` and ``rl_pass@1``, wall seconds per stage) and
+PNG plots. The eval tasks come from the eval split and are checked disjoint from every task used
+in training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from rlvr.config import save_config, to_dict
+from rlvr.eval.evaluate import EvalConfig, evaluate
+from rlvr.eval import plots
+from rlvr.model.load import load_model_and_tokenizer
+from rlvr.monitor.metrics import read_metrics
+from rlvr.tasks.base import check_disjoint, generate_tasks
+from rlvr.train.grpo import GRPOConfig, run_grpo
+from rlvr.train.pretrain import PretrainConfig, run_pretrain
+from rlvr.train.sft import SFTConfig, run_sft
+
+
+@dataclass
+class QuickstartConfig:
+    out: str = "runs/quickstart"
+    """Directory for every stage's output and the report."""
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """The held-out suite evaluated before and after RL."""
+
+
+def _cache_key(cfg: PretrainConfig) -> str:
+    d = to_dict(cfg)
+    d.pop("out")
+    return hashlib.sha256(yaml.safe_dump(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_quickstart(cfg: QuickstartConfig, *, resume: bool = False, console: Console | None = None) -> dict:
+    console = console or Console()
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "config.yaml")
+    seconds: dict[str, float] = {}
+
+    def stage(name: str, fn):
+        console.print(f"[bold]{name}[/bold]")
+        start = time.perf_counter()
+        result = fn()
+        seconds[name] = round(time.perf_counter() - start, 2)
+        console.print(f"  done in {seconds[name]:.1f}s")
+        return result
+
+    pre = dataclasses.replace(cfg.pretrain, out=str(out / "pretrain"))
+    key_file = out / "pretrain" / "cache_key"
+    if key_file.exists() and key_file.read_text() == _cache_key(pre) and (out / "pretrain/final/config.json").exists():
+        console.print("[bold]pretrain[/bold]\n  cached: reusing runs' pretrain/final (delete it to retrain)")
+        seconds["pretrain"] = 0.0
+    else:
+        stage("pretrain", lambda: run_pretrain(pre))
+        key_file.write_text(_cache_key(pre))
+
+    sft = dataclasses.replace(cfg.sft, model=str(out / "pretrain/final"), out=str(out / "sft"))
+    stage("sft", lambda: run_sft(sft))
+
+    eval_tasks = generate_tasks(cfg.eval.domains, "eval", cfg.eval.tasks, seed=cfg.eval.seed, levels=cfg.eval.levels)
+    grpo = dataclasses.replace(cfg.grpo, model=str(out / "sft/final"), out=str(out / "grpo"))
+    for name, c in (("sft", sft), ("grpo", grpo)):
+        check_disjoint(generate_tasks(c.domains, "train", c.train_tasks, seed=c.seed, levels=c.levels), eval_tasks)
+
+    def run_eval(model_dir: Path, name: str) -> dict:
+        model, tokenizer = load_model_and_tokenizer(str(model_dir))
+        report = evaluate(model, tokenizer, eval_tasks, cfg.eval)
+        (out / "eval").mkdir(exist_ok=True)
+        (out / "eval" / f"{name}.json").write_text(json.dumps(report, indent=2))
+        return report
+
+    sft_eval = stage("eval_sft", lambda: run_eval(out / "sft/final", "sft"))
+    stage("grpo", lambda: run_grpo(grpo, resume=resume))
+    rl_eval = stage("eval_rl", lambda: run_eval(out / "grpo/final", "rl"))
+
+    report = build_report(sft_eval, rl_eval, seconds, len(eval_tasks))
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    plots.reward_curve(read_metrics(out / "grpo"), out / "plots" / "reward_curve.png")
+    plots.before_after(report["domains"], out / "plots" / "eval_before_after.png")
+    print_table(console, report, out)
+    return report
+
+
+def build_report(sft_eval: dict, rl_eval: dict, seconds: dict, n_eval: int) -> dict:
+    domains = {
+        d: {"sft_pass@1": sft_eval["by_domain"][d]["pass@1"], "rl_pass@1": rl_eval["by_domain"][d]["pass@1"],
+            "delta_points": round(100 * (rl_eval["by_domain"][d]["pass@1"] - sft_eval["by_domain"][d]["pass@1"]), 1),
+            "n_tasks": sft_eval["by_domain"][d]["n_tasks"]}
+        for d in sorted(sft_eval["by_domain"])
+    }
+    overall = {"sft_pass@1": sft_eval["overall"]["pass@1"], "rl_pass@1": rl_eval["overall"]["pass@1"],
+               "sft_pass@1_ci95": sft_eval["overall"]["pass@1_ci95"], "rl_pass@1_ci95": rl_eval["overall"]["pass@1_ci95"]}
+    overall["delta_points"] = round(100 * (overall["rl_pass@1"] - overall["sft_pass@1"]), 1)
+    return {
+        "eval": {"split": "eval", "tasks": n_eval, "decoding": "greedy", "disjoint_from_training": True},
+        "overall": overall,
+        "domains": domains,
+        "stage_seconds": seconds,
+        "total_seconds": round(sum(seconds.values()), 2),
+        "summary": f"held-out greedy pass@1: SFT {100 * overall['sft_pass@1']:.1f}% -> GRPO "
+                   f"{100 * overall['rl_pass@1']:.1f}% ({overall['delta_points']:+.1f} points)",
+    }
+
+
+def print_table(console: Console, report: dict, out: Path) -> None:
+    table = Table(title="held-out pass@1 (greedy)")
+    for col in ("domain", "tasks", "SFT", "SFT + GRPO", "change"):
+        table.add_column(col, justify="right" if col != "domain" else "left")
+    for d, r in report["domains"].items():
+        table.add_row(d, str(r["n_tasks"]), f"{100 * r['sft_pass@1']:.1f}%", f"{100 * r['rl_pass@1']:.1f}%",
+                      f"{r['delta_points']:+.1f} pts")
+    o = report["overall"]
+    table.add_row("all", str(report["eval"]["tasks"]), f"{100 * o['sft_pass@1']:.1f}%", f"{100 * o['rl_pass@1']:.1f}%",
+                  f"{o['delta_points']:+.1f} pts", style="bold")
+    console.print(table)
+    stages = "  ".join(f"{k} {v:.0f}s" for k, v in report["stage_seconds"].items())
+    console.print(f"wall time: {stages}  (total {report['total_seconds']:.0f}s)")
+    console.print(f"wrote {out}/report.json, {out}/plots/*.png, final model {out}/grpo/final")

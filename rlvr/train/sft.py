@@ -1,0 +1,100 @@
+"""Supervised fine-tuning on chat pairs: the loss covers assistant tokens only.
+
+An example is ``prompt ids`` (the chat template with the generation prompt) followed by the
+assistant response ids and the end-of-turn token; the loss mask is 1 exactly on the latter,
+which is the same token layout the policy later produces during RL.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from rich.progress import Progress
+
+from rlvr.algos.losses import sft_loss
+from rlvr.config import check_range
+from rlvr.model.checkpoint import save_model_dir
+from rlvr.model.load import load_model_and_tokenizer
+from rlvr.model.tokenizer import encode_chat_prompt, encode_completion
+from rlvr.monitor.metrics import MetricsLogger
+from rlvr.tasks.base import generate_tasks
+from rlvr.train.batching import pad_right
+from rlvr.train.common import OptimConfig, build_optimizer, clip_and_step, prepare_run_dir, seed_everything
+from rlvr.types import Task
+
+
+@dataclass
+class SFTConfig:
+    model: str = "runs/pretrain/final"
+    """Hugging Face causal-LM directory to start from."""
+    out: str = "runs/sft"
+    """Run directory; the model lands in <out>/final."""
+    seed: int = 0
+    """Seed for task draw, init of the order and batches."""
+    domains: list[str] = field(default_factory=lambda: ["math.arith", "math.word"])
+    """Domains whose train split supplies the demonstrations."""
+    levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
+    """Difficulty levels included."""
+    train_tasks: int = 2000
+    """Number of (prompt, reference response) pairs."""
+    steps: int = 200
+    """Optimizer steps."""
+    batch_size: int = 32
+    """Examples (sequences) per optimizer step."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, warmup_steps=20, schedule="cosine"))
+    """Optimizer and schedule."""
+    log_every: int = 20
+    """Log train/* every this many steps."""
+
+    def __post_init__(self) -> None:
+        check_range("sft.steps", self.steps, 1)
+        check_range("sft.batch_size", self.batch_size, 1)
+
+
+def build_examples(tokenizer, tasks: list[Task]) -> list[tuple[list[int], list[int]]]:
+    """(input ids, loss mask) per task: prompt (mask 0) + reference response and end token (mask 1)."""
+    examples = []
+    for task in tasks:
+        prompt = encode_chat_prompt(tokenizer, list(task.prompt))
+        answer = encode_completion(tokenizer, task.meta["reference"])
+        examples.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+    return examples
+
+
+def run_sft(cfg: SFTConfig, *, progress: bool = True) -> dict:
+    seed_everything(cfg.seed)
+    run_dir = prepare_run_dir(cfg.out, cfg, resume=False)
+    start = time.perf_counter()
+    model, tokenizer = load_model_and_tokenizer(cfg.model)
+    model.train()
+    tasks = generate_tasks(cfg.domains, "train", cfg.train_tasks, seed=cfg.seed, levels=cfg.levels)
+    examples = build_examples(tokenizer, tasks)
+    opt, sched = build_optimizer(model, cfg.optim, cfg.steps)
+    logger = MetricsLogger(run_dir)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    order = torch.randperm(len(examples), generator=gen).tolist()
+    cursor, loss_value = 0, float("nan")
+    with Progress(disable=not progress, transient=True) as bar:
+        job = bar.add_task("sft", total=cfg.steps)
+        for step in range(1, cfg.steps + 1):
+            if cursor + cfg.batch_size > len(order):
+                order, cursor = torch.randperm(len(examples), generator=gen).tolist(), 0
+            rows = [examples[i] for i in order[cursor: cursor + cfg.batch_size]]
+            cursor += cfg.batch_size
+            ids = pad_right([r[0] for r in rows], tokenizer.pad_token_id, torch.long)
+            mask = pad_right([r[1] for r in rows], 0, torch.float32)
+            attn = pad_right([[1] * len(r[0]) for r in rows], 0, torch.long)
+            logits = model(input_ids=ids, attention_mask=attn).logits
+            loss = sft_loss(logits, ids, mask)
+            loss.backward()
+            grad_norm = clip_and_step(model, opt, sched, cfg.optim.grad_clip)
+            loss_value = float(loss)
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                logger.log(step, {"train/loss": loss_value, "train/grad_norm": grad_norm,
+                                  "train/lr": sched.get_last_lr()[0]})
+            bar.update(job, advance=1, description=f"sft loss {loss_value:.3f}")
+    logger.close()
+    save_model_dir(run_dir / "final", model, tokenizer)
+    return {"loss": loss_value, "examples": len(examples), "seconds": time.perf_counter() - start}

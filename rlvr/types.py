@@ -1,0 +1,156 @@
+"""Boundary types: the only objects that cross rlvr's package boundaries.
+
+Frozen, typed and JSON-serialisable (``to_dict`` / ``from_dict``). ``Batch`` is the exception:
+it holds tensors and lives only between the collator and the loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Message = dict[str, str]  # {"role": "system" | "user" | "assistant" | "tool", "content": str}
+FinishReason = Literal["stop", "length", "error"]
+
+
+def _plain(obj: Any) -> Any:
+    """Recursively turn tuples into lists so the result is plain JSON."""
+    if isinstance(obj, (list, tuple)):
+        return [_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Acceptance criteria of a task: a kind (which verifier) and its payload.
+
+    ``math``: payload ``{"answer": "42", "tolerance": 0.0}``.
+    """
+
+    kind: str
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One problem. ``id`` is stable and versioned, e.g. ``math.arith/v1/train/000042``.
+
+    ``meta["reference"]`` holds a reference assistant response (used as the SFT demonstration),
+    ``meta["key"]`` the canonical problem key used for the train/eval disjointness check.
+    """
+
+    id: str
+    domain: str
+    level: int
+    prompt: tuple[Message, ...]
+    spec: Spec
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Task":
+        return cls(
+            id=d["id"],
+            domain=d["domain"],
+            level=int(d["level"]),
+            prompt=tuple(dict(m) for m in d["prompt"]),
+            spec=Spec(kind=d["spec"]["kind"], payload=dict(d["spec"].get("payload", {}))),
+            meta=dict(d.get("meta", {})),
+        )
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """What the policy did on one task: the exact token ids it saw and produced.
+
+    ``token_ids``, ``loss_mask`` and ``logprobs`` have the same length: the full sequence
+    (prompt + completion, for multi-turn also environment tokens). ``loss_mask`` is 1 on policy
+    tokens, 0 elsewhere; ``logprobs`` are the sampling-time log-probabilities of policy tokens
+    (0.0 where ``loss_mask`` is 0). ``completion`` is the decoded policy text.
+    """
+
+    task_id: str
+    group_id: int
+    messages: tuple[Message, ...]
+    completion: str
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    policy_version: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.loss_mask) != n or len(self.logprobs) != n:
+            raise ValueError(
+                f"token_ids ({n}), loss_mask ({len(self.loss_mask)}) and logprobs "
+                f"({len(self.logprobs)}) must have the same length"
+            )
+
+    @property
+    def num_policy_tokens(self) -> int:
+        return int(sum(self.loss_mask))
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(dataclasses.asdict(self))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A verifier's judgement. ``score`` in [0, 1]; ``reason`` is ``ok`` when passed, else
+    e.g. ``mismatch``, ``no_answer``, ``multiple_answers``, ``timeout``, ``tampered``."""
+
+    passed: bool
+    score: float
+    reason: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(dataclasses.asdict(self))
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A trajectory with its verdict, scalar reward and the named reward terms that sum to it."""
+
+    trajectory: Trajectory
+    verdict: Verdict
+    reward: float
+    terms: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(dataclasses.asdict(self))
+
+
+@dataclass
+class Batch:
+    """Padded training tensors (right padding). B sequences, T tokens.
+
+    input_ids      [B, T] long   token ids (pad where attention_mask is 0)
+    attention_mask [B, T] long   1 on real tokens
+    loss_mask      [B, T] float  1 on policy tokens whose log-prob is trained, aligned with input_ids
+    old_logprobs   [B, T] float  sampling-time log-probs of input_ids (0 off the loss mask)
+    advantages     [B]    float  one advantage per sequence
+    ref_logprobs   [B, T] float  frozen-reference log-probs, when a KL term is used
+    """
+
+    input_ids: Any
+    attention_mask: Any
+    loss_mask: Any
+    old_logprobs: Any
+    advantages: Any
+    ref_logprobs: Any = None
+
+    def to(self, device: Any) -> "Batch":
+        return Batch(
+            **{
+                f.name: (getattr(self, f.name).to(device) if getattr(self, f.name) is not None else None)
+                for f in dataclasses.fields(self)
+            }
+        )
