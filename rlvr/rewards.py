@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
+
+from rlvr.algos.penalties import overlong_penalty
 from rlvr.config import check_range
 from rlvr.types import Scored, Trajectory, Verdict
 
@@ -49,10 +52,9 @@ def score(verdict: Verdict, trajectory: Trajectory, cfg: RewardConfig, max_new_t
     if cfg.format_weight:
         terms["format"] = cfg.format_weight * float(bool(verdict.details.get("format_ok", False)))
     if cfg.overlong == "soft":
-        n = trajectory.num_policy_tokens
-        start = max_new_tokens - cfg.overlong_buffer
-        frac = 0.0 if n <= start else min(1.0, (n - start) / max(cfg.overlong_buffer, 1))
-        terms["overlong"] = -cfg.overlong_penalty * frac
+        length = torch.tensor([float(trajectory.num_policy_tokens)])
+        terms["overlong"] = float(overlong_penalty(length, max_tokens=max_new_tokens,
+                                                   buffer=cfg.overlong_buffer, penalty=cfg.overlong_penalty)[0])
     elif cfg.overlong == "truncated":
         terms["overlong"] = -cfg.overlong_penalty if trajectory.finish_reason == "length" else 0.0
     return Scored(trajectory=trajectory, verdict=verdict, reward=sum(terms.values()), terms=terms)

@@ -1,0 +1,40 @@
+"""Algorithm math as pure, registered functions: tensors in, tensors (and float metrics) out.
+
+- ``advantages``: ``ADVANTAGES`` (grpo, dr_grpo, rloo) and ``group_has_variance``.
+- ``losses``: ``POLICY_LOSSES`` (ppo_clip), ``AGGREGATIONS`` (token_mean, seq_mean_token_mean,
+  seq_mean_token_sum_norm), ``token_logprobs``, ``sft_loss``.
+- ``kl``: ``KL_ESTIMATORS`` (k1, k2, k3).
+- ``penalties``: ``overlong_penalty`` (DAPO), ``truncated_is_weights`` (async off-policy).
+- ``passk``: unbiased pass@k and confidence intervals.
+
+No I/O, no model calls, no config objects: the trainer reads its config and passes plain values.
+Importing this package populates the registries.
+"""
+
+from rlvr.algos import advantages, kl, losses, passk, penalties
+from rlvr.algos.advantages import ADVANTAGES, group_has_variance
+from rlvr.algos.kl import KL_ESTIMATORS
+from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES, sft_loss, token_logprobs
+from rlvr.algos.passk import confidence_interval, mean_pass_at_k, pass_at_k, wilson_interval
+from rlvr.algos.penalties import overlong_penalty, truncated_is_weights
+
+__all__ = [
+    "ADVANTAGES",
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "advantages",
+    "confidence_interval",
+    "group_has_variance",
+    "kl",
+    "losses",
+    "mean_pass_at_k",
+    "overlong_penalty",
+    "pass_at_k",
+    "passk",
+    "penalties",
+    "sft_loss",
+    "token_logprobs",
+    "truncated_is_weights",
+    "wilson_interval",
+]

@@ -1,0 +1,219 @@
+"""Token-level policy losses, their aggregations, and the log-prob helpers they need.
+
+Conventions (B sequences, T tokens, V vocabulary; tensors aligned with ``Batch.input_ids``):
+- ``logprobs[b, t]`` = log pi(input_ids[b, t] | input_ids[b, :t]); position 0 has no prefix and
+  is 0.0 (``token_logprobs``). ``loss_mask[b, t]`` = 1 where token t is a policy token to train.
+- Only ``loss_mask == 1`` tokens count: masked-out positions contribute neither loss nor
+  gradient nor metrics, whatever values they hold.
+
+Two registries, each with one signature:
+- ``AGGREGATIONS``: ``agg(token_loss [B,T], mask [B,T], *, num_tokens=None, num_seqs=None,
+  max_tokens=None) -> scalar``. The optional totals are the *whole mini-batch's* token count /
+  sequence count: when the trainer splits a mini-batch into micro-batches and passes the full
+  totals to every micro-batch, the micro-batch losses sum to exactly the full-batch loss (and so
+  do their gradients). Left as None they default to this batch's own totals.
+- ``POLICY_LOSSES``: ``fn(logprobs [B,T], old_logprobs [B,T], advantages [B], loss_mask [B,T],
+  *, clip_low, clip_high, aggregation, num_tokens, num_seqs, max_tokens, is_weights)
+  -> (scalar loss, metrics dict of plain floats)``.
+
+Not here: computing logits (the trainer calls the model), the KL term (``kl.py``; the trainer
+adds beta * agg(kl) itself), advantages (``advantages.py``), DPO/IPO preference losses.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rlvr.registry import Registry
+
+AggregationFn = Callable[..., Tensor]
+PolicyLossFn = Callable[..., tuple[Tensor, dict[str, float]]]
+AGGREGATIONS: Registry[AggregationFn] = Registry("loss aggregation")
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
+
+# |log-ratio| cap before exp: keeps a stale or corrupt logprob from producing inf * 0 = nan.
+# exp(20) ~ 5e8, far outside any clip range, so clipped losses are unchanged by it.
+_MAX_LOG_RATIO = 20.0
+
+
+# --------------------------------------------------------------------------- aggregations
+
+
+@AGGREGATIONS.register("token_mean")
+def token_mean(
+    token_loss: Tensor,
+    mask: Tensor,
+    *,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    max_tokens: int | None = None,
+) -> Tensor:
+    """Mean over all policy tokens of the batch: sum(loss * mask) / num_tokens.
+
+    DAPO (Yu et al. 2025), Sec. 3.3 "token-level policy gradient loss": long sequences weigh in
+    proportion to their length. ``num_tokens`` defaults to ``mask.sum()`` (at least 1, so an
+    all-masked batch gives 0, not nan). ``num_seqs`` and ``max_tokens`` are unused.
+
+    token_loss [B,T], mask [B,T] -> scalar.
+    """
+    if num_tokens is None:
+        num_tokens = mask.sum().clamp(min=1)
+    return (token_loss * mask).sum() / num_tokens
+
+
+@AGGREGATIONS.register("seq_mean_token_mean")
+def seq_mean_token_mean(
+    token_loss: Tensor,
+    mask: Tensor,
+    *,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    max_tokens: int | None = None,
+) -> Tensor:
+    """Mean over sequences of each sequence's mean token loss.
+
+    Original GRPO (Shao et al. 2024, DeepSeekMath, Eq. 3): (1/G) sum_i (1/|o_i|) sum_t loss_{i,t}.
+    A sequence with no policy token contributes 0 but still counts in ``num_seqs``, which
+    defaults to B. ``num_tokens`` and ``max_tokens`` are unused.
+
+    token_loss [B,T], mask [B,T] -> scalar.
+    """
+    if num_seqs is None:
+        num_seqs = mask.shape[0]
+    per_seq = (token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_seq.sum() / num_seqs
+
+
+@AGGREGATIONS.register("seq_mean_token_sum_norm")
+def seq_mean_token_sum_norm(
+    token_loss: Tensor,
+    mask: Tensor,
+    *,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    max_tokens: int | None = None,
+) -> Tensor:
+    """Token sums divided by a constant: sum(loss * mask) / (num_seqs * max_tokens).
+
+    Dr. GRPO (Liu et al. 2025, Sec. 3.1): dividing each sequence by its own length biases towards
+    long wrong answers; divide by the generation budget ``max_tokens`` (required) instead.
+    ``num_seqs`` defaults to B. ``num_tokens`` is unused.
+
+    token_loss [B,T], mask [B,T] -> scalar.
+    """
+    if max_tokens is None:
+        raise ValueError("seq_mean_token_sum_norm needs max_tokens (the generation budget)")
+    if num_seqs is None:
+        num_seqs = mask.shape[0]
+    return (token_loss * mask).sum() / (num_seqs * max_tokens)
+
+
+# --------------------------------------------------------------------------- policy losses
+
+
+def _masked_mean(values: Tensor, mask: Tensor) -> float:
+    return float((values * mask).sum() / mask.sum().clamp(min=1))
+
+
+@POLICY_LOSSES.register("ppo_clip")
+def ppo_clip(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    aggregation: str = "token_mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    max_tokens: int | None = None,
+    is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO clipped surrogate with asymmetric ("clip-higher") bounds.
+
+    Schulman et al. 2017, "PPO", Eq. 7; clip-higher from DAPO (Yu et al. 2025), Eq. 10:
+        rho_t  = exp(logprobs_t - old_logprobs_t)
+        loss_t = -min(rho_t * A, clip(rho_t, 1 - clip_low, 1 + clip_high) * A)
+    On the first on-policy step rho = 1 but the gradient still flows through ``logprobs``
+    (d rho / d logprobs = rho), giving the plain policy gradient -A * grad log pi.
+    ``is_weights`` (optional, [B,T], no gradient) multiply each token's loss: the truncated
+    importance weights min(pi_old / pi_behaviour, C) of an asynchronous rollout
+    (``penalties.truncated_is_weights``). The token losses are reduced by
+    ``AGGREGATIONS[aggregation]`` with the given totals.
+
+    logprobs [B,T] (requires grad), old_logprobs [B,T], advantages [B] (or [B,T]),
+    loss_mask [B,T] -> (scalar loss, metrics). Metrics, over policy tokens only:
+    ``clip_frac`` (share of tokens whose clipped term is active, i.e. no gradient),
+    ``clip_frac_high`` (rho > 1 + clip_high, A > 0), ``clip_frac_low`` (rho < 1 - clip_low, A < 0),
+    ``ratio_mean``, ``ratio_max`` (1.0 when there are no policy tokens) and ``approx_kl``
+    (mean of old_logprobs - logprobs, the k1 estimate of KL(pi_old || pi)).
+    """
+    agg = AGGREGATIONS.get(aggregation)
+    mask = loss_mask.to(logprobs.dtype)
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    # Off-mask positions get log-ratio 0 (rho = 1): their values can be anything (0, -inf,
+    # stale) without leaking nan into the masked sum or its gradient.
+    log_ratio = torch.where(mask > 0, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    ratio = log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()
+    unclipped = -ratio * adv
+    clipped = -ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
+    token_loss = torch.maximum(unclipped, clipped)
+    if is_weights is not None:
+        token_loss = token_loss * is_weights.detach()
+    loss = agg(token_loss, mask, num_tokens=num_tokens, num_seqs=num_seqs, max_tokens=max_tokens)
+
+    with torch.no_grad():
+        on = mask > 0
+        a = adv.expand_as(ratio)
+        metrics = {
+            "clip_frac": _masked_mean((clipped > unclipped).to(mask.dtype), mask),
+            "clip_frac_high": _masked_mean(((ratio > 1 + clip_high) & (a > 0)).to(mask.dtype), mask),
+            "clip_frac_low": _masked_mean(((ratio < 1 - clip_low) & (a < 0)).to(mask.dtype), mask),
+            "ratio_mean": _masked_mean(ratio, mask) if on.any() else 1.0,
+            "ratio_max": float(ratio[on].max()) if on.any() else 1.0,
+            "approx_kl": _masked_mean(-log_ratio, mask),
+        }
+    return loss, metrics
+
+
+# --------------------------------------------------------------------------- log-probs and SFT
+
+
+def token_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
+    """Log-probability of each token given its prefix, aligned with ``input_ids``.
+
+    out[b, t] = log softmax(logits[b, t - 1])[input_ids[b, t]] for t >= 1; out[b, 0] = 0.0
+    (the first token has no prefix in the sequence).
+
+    Memory: never materialises a [B,T,V] log-softmax. In fp32/fp64 it is gather - logsumexp
+    ([B,T] outputs only); in half precision, where logsumexp loses too much accuracy, it takes
+    log_softmax one sequence at a time (as TRL's ``selective_log_softmax``).
+
+    logits [B,T,V], input_ids [B,T] long -> [B,T] (dtype of logits).
+    """
+    logits, targets = logits[:, :-1], input_ids[:, 1:].unsqueeze(-1)
+    if logits.dtype in (torch.float32, torch.float64):
+        picked = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    else:
+        picked = torch.stack(
+            [row.log_softmax(-1).gather(-1, tgt).squeeze(-1) for row, tgt in zip(logits, targets)]
+        )
+    return F.pad(picked, (1, 0), value=0.0)
+
+
+def sft_loss(logits: Tensor, input_ids: Tensor, loss_mask: Tensor) -> Tensor:
+    """Next-token cross entropy, averaged over target tokens where ``loss_mask`` is 1.
+
+    ``loss_mask`` marks *targets*: token t is predicted from ``logits[:, t - 1]``, so
+    ``loss_mask[:, 0]`` is ignored (no prefix predicts it). Returns 0 when nothing is masked in.
+
+    logits [B,T,V], input_ids [B,T] long, loss_mask [B,T] -> scalar.
+    """
+    mask = loss_mask[:, 1:].to(logits.dtype)
+    nll = -token_logprobs(logits, input_ids)[:, 1:]
+    return (nll * mask).sum() / mask.sum().clamp(min=1)

@@ -1,0 +1,292 @@
+"""Aggregations, ppo_clip, token_logprobs and sft_loss against plain per-token loops."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlvr.algos import AGGREGATIONS, POLICY_LOSSES, sft_loss, token_logprobs
+from rlvr.errors import UserError
+
+B, T, V, MAX_TOKENS = 5, 7, 11, 16
+
+
+def make_mask(gen: torch.Generator) -> torch.Tensor:
+    """Random 0/1 mask with ragged rows; row 0 always has tokens, one row may be empty."""
+    mask = (torch.rand(B, T, generator=gen) < 0.7).double()
+    mask[0, 2] = 1.0
+    return mask
+
+
+def make_inputs(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=gen, dtype=torch.float64) * 3
+    new = old + torch.randn(B, T, generator=gen, dtype=torch.float64) * 0.4
+    adv = torch.randn(B, generator=gen, dtype=torch.float64)
+    return new, old, adv, make_mask(gen)
+
+
+# --------------------------------------------------------------------------- aggregation loops
+
+
+def ref_token_mean(loss, mask, max_tokens):
+    num = sum(loss[b][t] * mask[b][t] for b in range(B) for t in range(T))
+    return num / max(sum(mask[b][t] for b in range(B) for t in range(T)), 1)
+
+
+def ref_seq_mean_token_mean(loss, mask, max_tokens):
+    total = 0.0
+    for b in range(B):
+        n = sum(mask[b])
+        total += sum(loss[b][t] * mask[b][t] for t in range(T)) / max(n, 1)
+    return total / B
+
+
+def ref_seq_mean_token_sum_norm(loss, mask, max_tokens):
+    return sum(loss[b][t] * mask[b][t] for b in range(B) for t in range(T)) / (B * max_tokens)
+
+
+AGG_REFERENCES = {
+    "token_mean": ref_token_mean,
+    "seq_mean_token_mean": ref_seq_mean_token_mean,
+    "seq_mean_token_sum_norm": ref_seq_mean_token_sum_norm,
+}
+
+
+def test_every_aggregation_has_a_reference():
+    assert set(AGGREGATIONS.names()) == set(AGG_REFERENCES)
+
+
+@pytest.mark.parametrize("name", sorted(AGG_REFERENCES))
+@pytest.mark.parametrize("seed", range(4))
+def test_aggregation_matches_loop(name, seed):
+    gen = torch.Generator().manual_seed(seed)
+    loss = torch.randn(B, T, generator=gen, dtype=torch.float64)
+    mask = make_mask(gen)
+    got = AGGREGATIONS.get(name)(loss, mask, max_tokens=MAX_TOKENS)
+    want = AGG_REFERENCES[name](loss.tolist(), mask.tolist(), MAX_TOKENS)
+    assert got.dim() == 0
+    assert math.isclose(float(got), want, rel_tol=1e-12, abs_tol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(AGG_REFERENCES))
+@pytest.mark.parametrize("splits", [[1, 1, 1, 1, 1], [2, 3], [4, 1], [5]])
+def test_aggregation_grad_accumulation_invariance(name, splits):
+    """Summing micro-batch losses computed with full-batch totals == the full-batch loss,
+    and the accumulated gradient == the full-batch gradient."""
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randn(B, T, generator=gen, dtype=torch.float64)
+    mask = make_mask(gen)
+    agg = AGGREGATIONS.get(name)
+    totals = dict(num_tokens=float(mask.sum()), num_seqs=float(B), max_tokens=MAX_TOKENS)
+
+    full_param = base.clone().requires_grad_(True)
+    full = agg(full_param.square(), mask, max_tokens=MAX_TOKENS)
+    full.backward()
+
+    micro_param = base.clone().requires_grad_(True)
+    accumulated = 0.0
+    for rows in torch.split(torch.arange(B), splits):
+        part = agg(micro_param[rows].square(), mask[rows], **totals)
+        part.backward()
+        accumulated += float(part.detach())
+    assert math.isclose(accumulated, float(full.detach()), rel_tol=1e-12)
+    torch.testing.assert_close(micro_param.grad, full_param.grad, rtol=1e-12, atol=1e-15)
+
+
+def test_dr_grpo_aggregation_needs_max_tokens():
+    with pytest.raises(ValueError, match="max_tokens"):
+        AGGREGATIONS.get("seq_mean_token_sum_norm")(torch.ones(2, 3), torch.ones(2, 3))
+
+
+def test_empty_mask_gives_zero_not_nan():
+    for name in AGGREGATIONS:
+        out = AGGREGATIONS.get(name)(torch.ones(2, 3), torch.zeros(2, 3), max_tokens=4)
+        assert float(out) == 0.0, name
+
+
+# --------------------------------------------------------------------------- ppo_clip
+
+
+def ref_ppo_token_losses(new, old, adv, clip_low, clip_high):
+    """Per-token loop: -min(rho*A, clip(rho, 1-cl, 1+ch)*A)."""
+    out = [[0.0] * T for _ in range(B)]
+    for b in range(B):
+        for t in range(T):
+            rho = math.exp(new[b][t] - old[b][t])
+            clipped = min(max(rho, 1 - clip_low), 1 + clip_high)
+            out[b][t] = -min(rho * adv[b], clipped * adv[b])
+    return out
+
+
+@pytest.mark.parametrize("aggregation", sorted(AGG_REFERENCES))
+@pytest.mark.parametrize("seed", range(4))
+def test_ppo_clip_matches_loop(aggregation, seed):
+    new, old, adv, mask = make_inputs(seed)
+    loss, metrics = POLICY_LOSSES.get("ppo_clip")(
+        new, old, adv, mask, clip_low=0.2, clip_high=0.28, aggregation=aggregation, max_tokens=MAX_TOKENS
+    )
+    token = ref_ppo_token_losses(new.tolist(), old.tolist(), adv.tolist(), 0.2, 0.28)
+    want = AGG_REFERENCES[aggregation](token, mask.tolist(), MAX_TOKENS)
+    assert math.isclose(loss.item(), want, rel_tol=1e-12, abs_tol=1e-12)
+    assert all(isinstance(v, float) for v in metrics.values())
+    on = [(b, t) for b in range(B) for t in range(T) if mask[b, t] > 0]
+    ratios = [math.exp(new[b, t] - old[b, t]) for b, t in on]
+    assert math.isclose(metrics["ratio_mean"], sum(ratios) / len(ratios), rel_tol=1e-12)
+    assert math.isclose(metrics["ratio_max"], max(ratios), rel_tol=1e-12)
+    kl = sum(float(old[b, t] - new[b, t]) for b, t in on) / len(on)
+    assert math.isclose(metrics["approx_kl"], kl, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_ppo_clip_higher_asymmetry():
+    """Ratios beyond each bound, with both advantage signs: only the pessimistic side clips."""
+    cl, ch = 0.2, 0.28
+    rhos = [1.5, 1.25, 0.5, 0.85]  # above 1+ch, inside, below 1-cl, inside
+    new = torch.tensor([[math.log(r) for r in rhos]] * 2, dtype=torch.float64, requires_grad=True)
+    old = torch.zeros(2, 4, dtype=torch.float64)
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    mask = torch.ones(2, 4, dtype=torch.float64)
+    ppo = POLICY_LOSSES.get("ppo_clip")
+    loss, metrics = ppo(new, old, adv, mask, clip_low=cl, clip_high=ch, aggregation="seq_mean_token_sum_norm",
+                        max_tokens=1, num_seqs=1)
+    loss.backward()
+    # A > 0: rho=1.5 is capped at 1.28 (no gradient); rho=0.5 is NOT clipped (min picks rho*A).
+    # A < 0: rho=0.5 is floored at 0.8 (no gradient); rho=1.5 is NOT clipped.
+    want_token = [[-1.28, -1.25, -0.5, -0.85], [1.5, 1.25, 0.8, 0.85]]
+    assert math.isclose(loss.item(), sum(map(sum, want_token)), rel_tol=1e-12)
+    want_grad = torch.tensor([[0.0, -1.25, -0.5, -0.85], [1.5, 1.25, 0.0, 0.85]], dtype=torch.float64)
+    torch.testing.assert_close(new.grad, want_grad)  # d(-rho*A)/d logp = -rho*A
+    assert metrics["clip_frac"] == 2 / 8
+    assert metrics["clip_frac_high"] == 1 / 8 and metrics["clip_frac_low"] == 1 / 8
+    # With a symmetric 0.2 the 1.25 ratio would also clip: the asymmetry matters.
+    _, sym = ppo(new.detach(), old, adv, mask, clip_low=cl, clip_high=0.2)
+    assert sym["clip_frac"] == 3 / 8
+
+
+def test_on_policy_gradient_is_policy_gradient():
+    """rho == 1 on the first step, but d loss / d logp = -A * mask / num_tokens (token_mean)."""
+    new, _, adv, mask = make_inputs(1)
+    new = new.clone().requires_grad_(True)
+    loss, metrics = POLICY_LOSSES.get("ppo_clip")(new, new.detach().clone(), adv, mask)
+    loss.backward()
+    assert metrics["ratio_mean"] == 1.0 and metrics["clip_frac"] == 0.0
+    assert math.isclose(loss.item(), float(-(adv[:, None] * mask).sum() / mask.sum()), rel_tol=1e-12)
+    torch.testing.assert_close(new.grad, -adv[:, None] * mask / mask.sum())
+
+
+def test_masked_out_tokens_change_nothing():
+    new, old, adv, mask = make_inputs(2)
+    ppo = POLICY_LOSSES.get("ppo_clip")
+    base_param = new.clone().requires_grad_(True)
+    base, base_metrics = ppo(base_param, old, adv, mask)
+    base.backward()
+    off = mask == 0
+    assert off.any()
+    wild_new, wild_old = new.clone(), old.clone()
+    wild_new[off], wild_old[off] = 50.0, -math.inf  # garbage off the mask must not leak
+    wild_param = wild_new.requires_grad_(True)
+    wild, wild_metrics = ppo(wild_param, wild_old, adv, mask, is_weights=torch.where(off, 1e9, 1.0))
+    wild.backward()
+    assert wild.item() == base.item() and wild_metrics == base_metrics
+    torch.testing.assert_close(wild_param.grad, base_param.grad)
+    assert torch.all(wild_param.grad[off] == 0)
+
+
+def test_is_weights_scale_token_losses_without_gradient():
+    new, old, adv, mask = make_inputs(3)
+    gen = torch.Generator().manual_seed(9)
+    w = (torch.rand(B, T, generator=gen, dtype=torch.float64) * 2).requires_grad_(True)
+    loss, _ = POLICY_LOSSES.get("ppo_clip")(new, old, adv, mask, is_weights=w)
+    token = torch.tensor(ref_ppo_token_losses(new.tolist(), old.tolist(), adv.tolist(), 0.2, 0.28),
+                         dtype=torch.float64)
+    want = (token * w.detach() * mask).sum() / mask.sum()
+    assert math.isclose(loss.item(), float(want), rel_tol=1e-12)
+    assert not loss.requires_grad  # only w could carry grad here, and it is detached
+
+
+def test_ppo_unknown_aggregation_lists_choices():
+    new, old, adv, mask = make_inputs(0)
+    with pytest.raises(UserError, match="seq_mean_token_mean, seq_mean_token_sum_norm, token_mean"):
+        POLICY_LOSSES.get("ppo_clip")(new, old, adv, mask, aggregation="mean")
+    with pytest.raises(UserError, match="ppo_clip"):
+        POLICY_LOSSES.get("grpo_loss")
+
+
+def test_every_policy_loss_has_one_signature():
+    """Conformance: every registered loss runs with the shared keyword set and returns float metrics."""
+    new, old, adv, mask = make_inputs(0)
+    for name in POLICY_LOSSES:
+        loss, metrics = POLICY_LOSSES.get(name)(
+            new.clone().requires_grad_(True), old, adv, mask, clip_low=0.2, clip_high=0.28,
+            aggregation="token_mean", num_tokens=None, num_seqs=None, max_tokens=None, is_weights=None,
+        )
+        assert loss.dim() == 0 and loss.requires_grad and math.isfinite(loss.item())
+        assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())
+
+
+# --------------------------------------------------------------------------- token_logprobs, sft_loss
+
+
+def ref_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> list[list[float]]:
+    out = []
+    for b in range(logits.shape[0]):
+        row = [0.0]
+        for t in range(1, logits.shape[1]):
+            z = logits[b, t - 1].tolist()
+            lse = math.log(sum(math.exp(v) for v in z))
+            row.append(z[int(ids[b, t])] - lse)
+        out.append(row)
+    return out
+
+
+def make_lm(seed: int, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(B, T, V, generator=gen, dtype=torch.float64) * 3).to(dtype)
+    ids = torch.randint(0, V, (B, T), generator=gen)
+    return logits, ids
+
+
+def test_token_logprobs_matches_loop():
+    logits, ids = make_lm(0)
+    got = token_logprobs(logits, ids)
+    assert got.shape == (B, T) and torch.all(got[:, 0] == 0)
+    torch.testing.assert_close(got, torch.tensor(ref_logprobs(logits, ids), dtype=torch.float64))
+
+
+def test_token_logprobs_half_precision_path():
+    logits, ids = make_lm(1)
+    got = token_logprobs(logits.to(torch.bfloat16), ids)
+    assert got.dtype == torch.bfloat16
+    want = token_logprobs(logits.to(torch.bfloat16).double(), ids)
+    torch.testing.assert_close(got.double(), want, atol=0.1, rtol=0.02)
+
+
+def test_sft_loss_matches_loop():
+    logits, ids = make_lm(2)
+    gen = torch.Generator().manual_seed(5)
+    mask = (torch.rand(B, T, generator=gen) < 0.6).long()
+    mask[:, 0] = 1  # position 0 has no prefix: must be ignored
+    lp = ref_logprobs(logits, ids)
+    terms = [-lp[b][t] for b in range(B) for t in range(1, T) if mask[b, t]]
+    want = sum(terms) / len(terms)
+    got = sft_loss(logits, ids, mask)
+    assert math.isclose(float(got), want, rel_tol=1e-12)
+    # Agrees with torch's cross entropy on the shifted targets.
+    ce = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1), reduction="none"
+    )
+    m = mask[:, 1:].reshape(-1).double()
+    assert math.isclose(float((ce * m).sum() / m.sum()), want, rel_tol=1e-12)
+
+
+def test_sft_loss_gradient_flows_and_empty_mask_is_zero():
+    logits, ids = make_lm(3)
+    logits.requires_grad_(True)
+    mask = torch.zeros(B, T)
+    mask[1, 3] = 1
+    sft_loss(logits, ids, mask).backward()
+    nonzero_rows = logits.grad.abs().sum(-1).nonzero().tolist()
+    assert nonzero_rows == [[1, 2]]  # only the logits that predict the one target token
+    assert sft_loss(logits, ids, torch.zeros(B, T)).item() == 0.0
