@@ -287,7 +287,7 @@ def micro_loss(model, micro: Batch, a: AlgoConfig, totals: dict) -> tuple[torch.
         logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask,
         clip_low=a.clip_low, clip_high=a.clip_high, aggregation=a.aggregation, **totals)
     metrics = dict(metrics)
-    metrics["pg_loss"] = float(loss)
+    metrics["pg_loss"] = float(loss.detach())
     if micro.ref_logprobs is not None:
         kl = KL_ESTIMATORS.get(a.kl_estimator)(logprobs, micro.ref_logprobs)
         kl_loss = AGGREGATIONS.get(a.aggregation)(kl, micro.loss_mask, **totals)

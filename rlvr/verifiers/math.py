@@ -1,0 +1,280 @@
+r"""The ``math`` verifier: strict final-answer extraction, then equivalence via math-verify.
+
+``extract_final_answer`` reads exactly one final answer: the content of one ``\boxed{...}`` or
+a last non-empty line ``Answer: ...``. Several answers, or none, fail; the gold appearing only
+in the reasoning counts for nothing.
+
+``answers_equal(pred, gold)`` is mathematical equivalence (math-verify's ``verify``, both sides
+parsed as LaTeX and as plain expressions) after a little normalisation. Decisions worth knowing:
+  * fractions, decimals: ``\frac{1}{2}`` == ``1/2`` == ``0.5``; floats are compared after
+    rounding to 6 decimals (math-verify's default), so ``0.333333`` == ``1/3``.
+  * percent: ``50\%`` == ``50%`` == ``0.5``; math-verify also lets the sign be dropped
+    (gold ``50%`` matches ``50``), but ``0.5`` never matches ``50``.
+  * thousands separators: ``1,000`` / ``1{,}000`` / ``1 000`` == ``1000`` when the whole answer
+    has that shape; otherwise a comma separates elements (``1,2`` is the set {1, 2}).
+  * sets and intervals: ``\{1,2\}`` == ``{2,1}``; ``(0,1]`` != ``(0,1)``.
+  * equations: ``x = 3`` == ``3`` only when the left side is a bare variable; ``1 + 1 = 42`` is
+    not ``42`` (math-verify alone would compare the right-hand side and say it is).
+  * two numbers separated only by spaces (``4 2``, ``4\;2``) never match (math-verify reads
+    4 + 2), and neither does a chain the gold does not have (``41 \to 42``, ``41 \vee 42``),
+    which math-verify would read as its last side.
+  * a currency sign is dropped (``$5`` == ``5``), LaTeX spacing (``\,`` ``~``) is a space.
+
+The verifier adds one rule on top: the answer must be in final form, i.e. use no arithmetic
+operator the gold does not (``6*7`` or ``40 + 2`` for gold ``42`` fail; so does ``84/2``, a
+fraction being allowed only when the gold is not an integer). Otherwise "Compute: 6 * 7" could
+be answered by echoing the question.
+
+Safety: math-verify's own timeouts use SIGALRM, which works only in the main thread, cannot
+interrupt a long C-level big-integer power, and makes a verdict depend on machine load. They are
+off. Instead inputs are bounded before parsing (length, bracket nesting, exponent size and
+towers, factorials): anything outside the bounds fails closed, and everything inside parses in
+well under a second. Not here: unit handling beyond what math-verify does, partial credit.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+from rlvr.types import Task, Verdict
+from rlvr.verifiers.base import VERIFIERS
+
+MAX_ANSWER_CHARS = 200
+MAX_NESTING = 6  # bracket depth; math-verify's LaTeX parser slows down exponentially with depth
+MAX_EXPONENT_DIGITS = 3
+MAX_EXPONENT_PRODUCT = 10**5  # product of all exponents: bounds (9^{999})^{999}-style blow-ups
+
+_CONFIG = [LatexExtractionConfig(), ExprExtractionConfig()]
+_THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:(?:,|\{,\}| )\d{3})+(?:\.\d+)?")
+_BARE_VARIABLE = re.compile(r"[A-Za-z](?:_\{?\w+\}?)?")
+_JUXTAPOSED = re.compile(r"\d\s+\d")
+_LATEX_SPACE = re.compile(r"\\(?:[,;:! ]|q?quad\b)|~")
+# math-verify reads "a REL b" as its right (or left) side; like "=", we accept none of these
+_RELATIONS = re.compile(
+    r"\\(?:to|[rR]ightarrow|[iI]mplies|mapsto|sim|approx|equiv|coloneqq|vee|lor|[lc]?dots)\b|:=|→"
+)
+_INTEGER = re.compile(r"[+-]?\d+")
+_ANSWER_LINE = re.compile(r"^[ \t]*Answer:(.*)$")
+_OPERATORS = {
+    "add": re.compile(r"(?<=[\w)\]}.])\s*[-+−]"),  # a binary plus or minus: after an operand
+    "mul": re.compile(r"\*|\\times|\\cdot|\\ast|×|·"),
+    "div": re.compile(r"\\div|÷"),
+    "frac": re.compile(r"/|\\[dt]?frac"),
+    "pow": re.compile(r"\^"),
+}
+
+
+class _NoTimeoutWarning(logging.Filter):
+    """math-verify warns once that its timeout is disabled; we disable it on purpose."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_NoTimeoutWarning())
+
+
+# ---------------------------------------------------------------- extraction
+
+
+def _boxed_content(text: str) -> str | None:
+    """Content of the first ``\\boxed{...}`` (balanced braces), or None if malformed."""
+    j = text.find("\\boxed") + len("\\boxed")
+    while j < len(text) and text[j] in " \t":
+        j += 1
+    if j >= len(text) or text[j] != "{":
+        return None
+    depth = 0
+    for k in range(j, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[k], 0)
+        if depth == 0:
+            return text[j + 1 : k].strip()
+    return None
+
+
+def extract_final_answer(text: str) -> tuple[str | None, str]:
+    """``(answer, "ok")``, or ``(None, "no_answer" | "multiple_answers")``. Fails closed."""
+    lines = text.splitlines()
+    matches = ((i, _ANSWER_LINE.match(line)) for i, line in enumerate(lines))
+    answer_lines = [(i, m.group(1).strip()) for i, m in matches if m]
+    n_boxed = text.count("\\boxed")
+    if n_boxed > 1 or len(answer_lines) > 1:
+        return None, "multiple_answers"
+    boxed = _boxed_content(text) if n_boxed else None
+    if n_boxed and boxed is None:
+        return None, "no_answer"  # an unclosed \boxed{ (e.g. a truncated completion)
+    line_answer, line_is_last = None, False
+    if answer_lines:
+        i, content = answer_lines[0]
+        line_answer = boxed if "\\boxed" in content else content
+        line_is_last = not any(line.strip() for line in lines[i + 1 :])
+    if len({a for a in (boxed, line_answer) if a}) > 1:
+        return None, "multiple_answers"
+    if boxed:
+        return boxed, "ok"
+    if line_answer and line_is_last:
+        return line_answer, "ok"
+    return None, "no_answer"
+
+
+# ---------------------------------------------------------------- equivalence
+
+
+def _group_end(s: str, i: int) -> int:
+    """Index just past the bracket group opening at ``s[i]`` (end of string if unbalanced)."""
+    depth = 0
+    for k in range(i, len(s)):
+        depth += 1 if s[k] in "{(" else -1 if s[k] in "})" else 0
+        if depth == 0:
+            return k + 1
+    return len(s)
+
+
+def _is_safe(s: str) -> bool:
+    """True when math-verify is known to finish quickly on ``s`` (see the module docstring)."""
+    if len(s) > MAX_ANSWER_CHARS or "!" in s or "\\binom" in s or "\\choose" in s:
+        return False
+    depth = 0
+    for ch in s:
+        depth += 1 if ch in "([{" else -1 if ch in ")]}" else 0
+        if depth > MAX_NESTING:
+            return False
+    s, product = s.replace("**", "^"), 1
+    for m in re.finditer(r"\^\s*", s):
+        j = m.end()
+        if j < len(s) and s[j] in "{(":
+            end = _group_end(s, j)
+        else:
+            token = re.match(r"[+-]?\d+|\\[A-Za-z]+|.?", s[j:])
+            end = j + len(token.group(0))
+        exponent = s[j:end]
+        if "^" in exponent or s[end:].lstrip().startswith("^"):
+            return False  # a tower such as 10^{10^{10}} or 9^9^9
+        for digits in re.findall(r"\d+", exponent):
+            if len(digits) > MAX_EXPONENT_DIGITS:
+                return False
+            product *= max(int(digits), 1)
+    return product <= MAX_EXPONENT_PRODUCT
+
+
+def _normalise(s: str) -> str | None:
+    """Strip delimiters, currency signs and unambiguous thousands separators; None if unsafe."""
+    s = _LATEX_SPACE.sub(" ", s.replace("\\$", "").replace("$", "")).strip()
+    for left, right in (("\\(", "\\)"), ("\\[", "\\]")):
+        if s.startswith(left) and s.endswith(right):
+            s = s[len(left) : -len(right)].strip()
+    s = s.rstrip(".").strip()
+    if _THOUSANDS.fullmatch(s):
+        s = re.sub(r",|\{,\}| ", "", s)
+    return s if s and _is_safe(s) else None
+
+
+def _rhs_of_assignment(s: str) -> str | None:
+    """``"x = 3"`` -> ``"3"``; None for anything else containing ``=``."""
+    parts = s.split("=")
+    if len(parts) == 2 and _BARE_VARIABLE.fullmatch(parts[0].strip()) and parts[1].strip():
+        return parts[1].strip()
+    return None
+
+
+def _parse(s: str) -> list:
+    try:
+        return parse(f"${s}$", _CONFIG, parsing_timeout=None)
+    except Exception:  # math-verify raises on some malformed input despite raise_on_error=False
+        return []
+
+
+def _comparable(pred: str, gold: str) -> tuple[str, str] | None:
+    p, g = _normalise(pred), _normalise(gold)
+    if p is None or g is None:
+        return None
+    if "=" in p and "=" not in g:
+        p = _rhs_of_assignment(p)
+    elif "=" in g and "=" not in p:
+        g = _rhs_of_assignment(g)
+    if p is None or g is None or _JUXTAPOSED.search(p) or _JUXTAPOSED.search(g):
+        return None
+    if _RELATIONS.search(p) and not _RELATIONS.search(g):
+        return None
+    return p, g
+
+
+def answers_equal(pred: str, gold: str) -> bool:
+    """Whether ``pred`` is mathematically equivalent to ``gold`` (see the module docstring)."""
+    pair = _comparable(pred, gold)
+    if pair is None:
+        return False
+    p, g = pair
+    if p == g:
+        return True
+    gold_parsed, pred_parsed = _parse(g), _parse(p)
+    if not gold_parsed or not pred_parsed:
+        return False
+    try:
+        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+    except Exception:
+        return False
+
+
+def _number(s: str) -> float | None:
+    parsed = _parse(s)
+    try:
+        value = parsed[0] if parsed else None
+        if value is not None and value.is_number and value.is_real:
+            x = float(value)
+            return x if abs(x) != float("inf") else None
+    except Exception:  # not a sympy number, or a float overflow
+        pass
+    return None
+
+
+def within_tolerance(pred: str, gold: str, tolerance: float) -> bool:
+    """``|pred - gold| <= tolerance`` when both are real numbers; False otherwise."""
+    pair = _comparable(pred, gold)
+    if pair is None:
+        return False
+    p, g = (_number(x) for x in pair)
+    return p is not None and g is not None and abs(p - g) <= tolerance
+
+
+def is_final_form(pred: str, gold: str) -> bool:
+    """False when ``pred`` uses an arithmetic operator that ``gold`` does not (``6*7`` vs 42)."""
+    p, g = _normalise(pred) or pred, _normalise(gold) or gold
+    for name, pattern in _OPERATORS.items():
+        if pattern.search(p) and not pattern.search(g):
+            if name == "frac" and not _INTEGER.fullmatch(g):
+                continue  # 1/2 for gold 0.5 is a final answer
+            return False
+    return True
+
+
+# ---------------------------------------------------------------- the verifier
+
+
+class MathVerifier:
+    """Spec ``{"answer": str, "tolerance": float}``; tolerance is absolute, 0 (or absent) = exact.
+
+    ``format_ok`` is True when exactly one well-formed final answer was found.
+    """
+
+    name = "math"
+
+    def check(self, task: Task, completion: str) -> Verdict:
+        gold = str(task.spec.payload["answer"])
+        tolerance = float(task.spec.payload.get("tolerance", 0.0))  # tolerance is optional in task files
+        extracted, status = extract_final_answer(completion)
+        details = {"extracted": extracted, "gold": gold, "format_ok": extracted is not None}
+        if extracted is None:
+            return Verdict(passed=False, score=0.0, reason=status, details=details)
+        passed = is_final_form(extracted, gold) and (
+            answers_equal(extracted, gold) or (tolerance > 0 and within_tolerance(extracted, gold, tolerance))
+        )
+        reason = "ok" if passed else "mismatch"
+        return Verdict(passed=passed, score=float(passed), reason=reason, details=details)
+
+
+VERIFIERS.register("math")(MathVerifier())

@@ -1,0 +1,91 @@
+"""Bad input gets one clear message and a non-zero exit, no traceback (acceptance 5)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+from rlvr.cli import main
+from rlvr.config import load_config, save_config, read_yaml
+from rlvr.errors import ConfigError
+from rlvr.train.grpo import GRPOConfig
+
+
+@dataclass
+class Inner:
+    lr: float = 1e-3
+    mode: Literal["a", "b"] = "a"
+
+
+@dataclass
+class Outer:
+    inner: Inner = field(default_factory=Inner)
+    steps: int = 3
+    names: list[str] = field(default_factory=lambda: ["x"])
+
+
+def test_overrides_and_yaml(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("steps: 7\ninner:\n  mode: b\n")
+    cfg = load_config(Outer, recipe, ["inner.lr=1e-5", "names=[p, q]"])
+    assert cfg == Outer(inner=Inner(lr=1e-5, mode="b"), steps=7, names=["p", "q"])
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        (["inner.lrr=1"], "unknown config key 'inner.lrr'; allowed keys in 'inner': lr, mode"),
+        (["steps=x"], "config key 'steps' must be int, got str 'x'"),
+        (["steps=1.5"], "config key 'steps' must be int"),
+        (["inner.mode=c"], "config key 'inner.mode' = 'c' is not allowed; choose one of: ['a', 'b']"),
+        (["inner=3"], "config key 'inner' must be a mapping"),
+    ],
+)
+def test_config_errors_name_the_key(override, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(Outer, None, override)
+    assert needle in str(err.value)
+
+
+def test_resolved_config_roundtrips(tmp_path):
+    cfg = load_config(GRPOConfig, None, ["algo.advantage=rloo", "rollout.samples_per_task=4"])
+    save_config(cfg, tmp_path / "config.yaml")
+    again = load_config(GRPOConfig, tmp_path / "config.yaml")
+    assert again == cfg
+    assert read_yaml(tmp_path / "config.yaml")["algo"]["clip_high"] == 0.28  # defaults written out
+
+
+def test_registry_choice_validated():
+    with pytest.raises(ConfigError, match="algo.advantage.*choose one of: \\['dr_grpo', 'grpo', 'rloo'\\]"):
+        load_config(GRPOConfig, None, ["algo.advantage=ppo"])
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["train", "--set", "algo.lr=1"], "unknown config key 'algo.lr'"),
+        (["train", "--set", "steps=many"], "config key 'steps' must be int"),
+        (["sft", "--set", "model=/nonexistent/model", "--out", "{tmp}/sft"], "/nonexistent/model"),
+        (["eval", "--model", "{tmp}/missing"], "does not exist"),
+        (["train", "-c", "{tmp}/nope.yaml"], "config file"),
+    ],
+)
+def test_cli_user_errors_exit_nonzero_without_traceback(argv, needle, tmp_path, capsys):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_console_script_exit_code(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "rlvr.cli", "eval", "--model", str(tmp_path / "none")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "rlvr: error:" in proc.stderr and "rlvr pretrain" in proc.stderr

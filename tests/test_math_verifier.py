@@ -1,0 +1,186 @@
+"""The math verifier, adversarially: one final answer or nothing, equivalence via math-verify,
+no credit for echoing the question, and bounded work on hostile input."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import rlvr.verifiers  # noqa: F401
+from rlvr.errors import UserError
+from rlvr.types import Spec, Task
+from rlvr.verifiers import get_verifier
+from rlvr.verifiers.math import answers_equal, extract_final_answer
+
+
+def _task(answer: str, tolerance: float = 0.0) -> Task:
+    return Task(id="t/v1/eval/1/000000", domain="t", level=1,
+                prompt=({"role": "user", "content": "Compute: 6 * 7"},),
+                spec=Spec("math", {"answer": answer, "tolerance": tolerance}))
+
+
+def _check(completion: str, answer: str = "42", tolerance: float = 0.0):
+    task = _task(answer, tolerance)
+    return get_verifier(task).check(task, completion)
+
+
+def test_registered_by_spec_kind():
+    assert get_verifier(_task("1")).name == "math"
+    with pytest.raises(UserError, match="math"):
+        get_verifier(Task(id="x", domain="x", level=1, prompt=(), spec=Spec("nope")))
+
+
+# ---------------------------------------------------------------- extraction
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Answer: 42", ("42", "ok")),
+        ("6 * 7 = 42\nAnswer: 42\n\n", ("42", "ok")),
+        ("so it is \\boxed{\\frac{1}{2}}.", ("\\frac{1}{2}", "ok")),
+        ("Answer: \\boxed{42}", ("42", "ok")),
+        ("\\boxed{42}\nAnswer: 42", ("42", "ok")),  # both forms, same content
+        ("", (None, "no_answer")),
+        ("42", (None, "no_answer")),
+        ("Answer:", (None, "no_answer")),
+        ("\\boxed{}", (None, "no_answer")),
+        ("\\boxed{42", (None, "no_answer")),  # truncated
+        ("Answer: 42\nor maybe not", (None, "no_answer")),  # Answer line must be the last line
+        ("answer: 42", (None, "no_answer")),  # the form is exactly "Answer:"
+        ("Answer: 41\nAnswer: 42", (None, "multiple_answers")),
+        ("\\boxed{42} or \\boxed{42}", (None, "multiple_answers")),
+        ("\\boxed{\\boxed{42}}", (None, "multiple_answers")),
+        ("\\boxed{41}\nAnswer: 42", (None, "multiple_answers")),
+    ],
+)
+def test_extract_final_answer(text, expected):
+    assert extract_final_answer(text) == expected
+
+
+# ---------------------------------------------------------------- verdicts
+
+
+def test_gold_passes_in_both_forms():
+    for completion in ("6 * 7 = 42\nAnswer: 42", "The product is \\boxed{42}."):
+        verdict = _check(completion)
+        assert (verdict.passed, verdict.score, verdict.reason) == (True, 1.0, "ok")
+        assert verdict.details == {"extracted": "42", "gold": "42", "format_ok": True}
+
+
+@pytest.mark.parametrize(
+    "completion, reason",
+    [
+        ("Answer: 41", "mismatch"),
+        ("", "no_answer"),
+        ("   \n  ", "no_answer"),
+        ("The answer is 42.", "no_answer"),
+        ("Answer: 42\nAnswer: 41", "multiple_answers"),
+        ("\\boxed{42} \\boxed{41}", "multiple_answers"),
+        ("6 * 7 = 42, so\nAnswer: 41", "mismatch"),  # gold only in the reasoning
+        ("It is \\boxed{42}? No.\nAnswer: 41", "multiple_answers"),
+        ("Answer: 41 or 42", "mismatch"),
+        ("Answer: 40, 41, 42, 43", "mismatch"),  # stuffing candidates
+        ("Answer: 40 41 42 43", "mismatch"),
+        ("Answer: 6 * 7", "mismatch"),  # echoing the question
+        ("Answer: 40 + 2", "mismatch"),
+        ("Answer: 84/2", "mismatch"),
+        ("Answer: 1 + 1 = 42", "mismatch"),
+        ("Answer: -42", "mismatch"),
+        ("Answer: 420", "mismatch"),
+        ("Answer: 41 \\to 42", "mismatch"),  # math-verify alone reads the last side
+        ("Answer: 41 \\vee 42", "mismatch"),
+        ("Answer: 41, \\ldots, 42", "mismatch"),
+        ("Answer: 41 \\; 42", "mismatch"),  # math-verify alone reads 41 + 42
+    ],
+)
+def test_wrong_or_malformed_fails(completion, reason):
+    verdict = _check(completion)
+    assert (verdict.passed, verdict.score, verdict.reason) == (False, 0.0, reason)
+    assert verdict.details["format_ok"] == (reason == "mismatch")
+
+
+@pytest.mark.parametrize("completion", ["Answer: 42.0", "Answer: +42", "Answer: x = 42", "Answer: $42$", "Answer: 42 apples"])
+def test_harmless_variants_of_the_gold_pass(completion):
+    assert _check(completion).passed
+
+
+def test_fraction_is_final_when_gold_is_not_an_integer():
+    assert _check("Answer: 1/2", answer="0.5").passed
+    assert _check("\\boxed{\\dfrac{1}{2}}", answer="0.5").passed
+
+
+def test_tolerance_is_absolute_and_opt_in():
+    assert not _check("Answer: 3.14", answer="3.14159").passed
+    assert _check("Answer: 3.14", answer="3.14159", tolerance=0.01).passed
+    assert _check("Answer: x = 3.145", answer="3.14159", tolerance=0.01).passed
+    assert not _check("Answer: 3.1", answer="3.14159", tolerance=0.01).passed
+    assert not _check("Answer: pi", answer="3.14159", tolerance=0.01).passed
+
+
+# ---------------------------------------------------------------- equivalence
+
+
+@pytest.mark.parametrize(
+    "pred, gold",
+    [
+        ("0.5", "\\frac{1}{2}"), ("1/2", "\\frac{1}{2}"), ("\\frac{1}{2}", "0.5"), ("\\dfrac{3}{4}", "0.75"),
+        ("2.50", "2.5"), ("50%", "50\\%"), ("50\\%", "0.5"), ("0.5", "50%"),
+        ("1,000", "1000"), ("1{,}000", "1000"), ("1 000", "1000"), ("12,345,678", "12345678"),
+        ("{2,1}", "\\{1,2\\}"), ("\\{2, 1\\}", "\\{1,2\\}"), ("(0,1]", "(0, 1]"), ("[0,1)", "[0,1)"),
+        ("x=3", "3"), ("3", "x = 3"), ("y = 2x + 1", "2x+1"), ("-7", "-7"), ("$5", "5"), ("\\$5", "5"),
+        ("\\sqrt{8}", "2\\sqrt{2}"), ("42.", "42"), ("1\\,000", "1000"), ("42~\\text{cm}", "42"),
+    ],
+)
+def test_equivalent_forms(pred, gold):
+    assert answers_equal(pred, gold)
+
+
+@pytest.mark.parametrize(
+    "pred, gold",
+    [
+        ("\\frac{1}{3}", "0.5"), ("0.3333", "1/3"), ("0.5", "50"), ("100", "1,000"), ("1,2", "12"),
+        ("1.000", "1000"), ("{1,2,3}", "\\{1,2\\}"), ("(0,1)", "(0,1]"), ("[0,1]", "(0,1]"),
+        ("x=4", "3"), ("3=x", "3"), ("12 + 7 = 42", "42"), ("4 2", "6"), ("-3", "3"), ("x", "3"),
+        ("\\infty", "3"), ("", "3"), ("3", ""),
+    ],
+)
+def test_non_equivalent_forms(pred, gold):
+    assert not answers_equal(pred, gold)
+
+
+def test_answers_equal_is_pure_equivalence_the_verifier_adds_final_form():
+    assert answers_equal("6 * 7", "42")  # mathematically equal ...
+    assert not _check("Answer: 6 * 7").passed  # ... but not an answer to "Compute: 6 * 7"
+
+
+def test_works_off_the_main_thread():
+    # math-verify's signal-based timeouts raise in threads; ours are off, so this must just work.
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda p: answers_equal(*p), [("1/2", "0.5"), ("2", "3")] * 4))
+    assert results == [True, False] * 4
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "10^{10^{10}}", "9^9^9", "9^{999999999}", "(9^{9999})^{9999}", "2^{-999999999}", "9!!!!",
+        "\\binom{1000000}{500000}", "(" * 40 + "1" + ")" * 40, "\\frac{1}{" * 30 + "2" + "}" * 30,
+        "1" * 100_000, "x^{x^{x^{x}}}", "9**999999999",
+    ],
+)
+def test_hostile_answers_fail_fast(hostile):
+    start = time.perf_counter()
+    assert not _check(f"Answer: {hostile}").passed
+    assert not _check(f"\\boxed{{{hostile}}}").passed
+    assert time.perf_counter() - start < 2.0
+
+
+def test_huge_garbage_completion_fails_fast():
+    start = time.perf_counter()
+    garbage = ("\\boxed{" * 1000 + "Answer: 1\n" * 1000 + "{}()[]^" * 100_000)
+    assert not _check(garbage).passed
+    assert not _check("x" * 2_000_000 + "\nAnswer: " + "9" * 1_000_000).passed
+    assert time.perf_counter() - start < 2.0
