@@ -1,14 +1,20 @@
 """``math.arith``: integer arithmetic in four levels, sized for a tiny model trained on a CPU.
 
-    L1  a + b, a - b         a, b in 0..20         "Compute: 17 + 5"        -> "Answer: 22"
-    L2  a + b, a - b         a, b in 10..99        "Compute: 64 - 27"       -> "Answer: 37"
-    L3  a * b (2..12) or a + b - c (small)         "Compute: 12 + 7 - 4"    -> steps, "Answer: 15"
-    L4  (a + b) * c, a * b + c, a * b - c          "Compute: (12 + 7) * 3"  -> steps, "Answer: 57"
+    L1  2-digit +/- 1-digit, no carry or borrow      "Compute: 34 + 5"       -> "34 + 5 = 39\nAnswer: 39"
+    L2  2-digit +/- 2-digit, no carry or borrow      "Compute: 64 - 23"      -> "64 - 23 = 41\nAnswer: 41"
+    L3  2-digit +/- 1- or 2-digit with a carry/borrow "Compute: 47 + 38"     -> "47 + 38 = 85\nAnswer: 85"
+    L4  two steps: (a + b) * c, a * b + c, a * b - c "Compute: (3 + 4) * 5"  -> steps, "Answer: 35"
 
-Every answer is a non-negative integer and every expression is evaluated left to right (with
-parentheses where precedence needs them), so each worked step is one binary fact such as
-``19 * 3 = 57``. A fact's key is its spaceless expression (``19*3``), which is also the key of
-the one-step problem asking for it; train problems only reveal train facts (see ``base``).
+Why these levels: a held-out problem is a new *combination* (new operands), while the skills it
+needs (single-digit facts, carrying, the multiplication table) all occur in training problems.
+That is what generalisation means for a model this small; held-out atomic facts would demand
+grokking. The reference restates each step as an equation (``x op y = z``) before the final
+``Answer: N`` line, so the result is computed right next to its operands.
+
+Every answer is a non-negative integer. A worked step that is itself a one-step problem of some
+level (``34 + 5``) is a *fact* keyed by its spaceless expression; train problems only reveal
+train facts (see ``base``). Steps no level asks for (``3 * 4``) are not problems and reveal
+nothing.
 
 The chain helpers here are shared with ``math.word``. Not here: answer checking (the ``math``
 verifier) and curriculum decisions.
@@ -56,7 +62,8 @@ def chain(a: int, ops: Ops) -> tuple[int, list[str], tuple[tuple[str, str], ...]
     for op, b in ops:
         result = apply(value, op, b)
         lines.append(f"{value} {op} {b} = {result}")
-        facts.append((NAME, f"{value}{op}{b}"))
+        if one_step_level(value, op, b) is not None:
+            facts.append((NAME, f"{value}{op}{b}"))
         value = result
     return value, lines, tuple(facts)
 
@@ -74,31 +81,46 @@ def math_problem(key: str, prompt: str, a: int, ops: Ops, show_single_step: bool
     return Problem(key=key, prompt=prompt, spec=spec, reference=reference, reveals=facts)
 
 
-def _add_or_sub(rng: random.Random, lo: int, hi: int) -> tuple[int, Ops]:
-    a, b = rng.randint(lo, hi), rng.randint(lo, hi)
-    if rng.random() < 0.5:
-        return a, [("+", b)]
-    return max(a, b), [("-", min(a, b))]
+def carries(a: int, op: str, b: int) -> bool:
+    """Whether ``a op b`` needs a carry (+) or a borrow (-) in some digit column."""
+    while a or b:
+        da, db = a % 10, b % 10
+        if (op == "+" and da + db > 9) or (op == "-" and da < db):
+            return True
+        a, b = a // 10, b // 10
+    return False
+
+
+def one_step_level(a: int, op: str, b: int) -> int | None:
+    """The level whose one-step problems include ``a op b``, or None if no level asks it."""
+    if op not in "+-" or not 10 <= a <= 99 or not 1 <= b <= 99 or (op == "-" and b > a):
+        return None
+    if carries(a, op, b):
+        return 3
+    return 1 if b <= 9 else 2
+
+
+def _one_step(rng: random.Random, level: int) -> tuple[int, Ops]:
+    """Rejection-sample a +/- problem of ``level`` (see ``one_step_level``)."""
+    while True:
+        a = rng.randint(10, 99)
+        b = rng.randint(1, 9) if level == 1 else rng.randint(1, 99) if level == 3 else rng.randint(10, 99)
+        op = rng.choice("+-")
+        if one_step_level(a, op, b) == level:
+            return a, [(op, b)]
 
 
 def sample_ops(level: int, rng: random.Random) -> tuple[int, Ops]:
-    if level == 1:
-        return _add_or_sub(rng, 0, 20)
-    if level == 2:
-        return _add_or_sub(rng, 10, 99)
-    if level == 3:
-        if rng.random() < 0.5:
-            return rng.randint(2, 12), [("*", rng.randint(2, 12))]
-        a, b = rng.randint(1, 20), rng.randint(1, 20)
-        return a, [("+", b), ("-", rng.randint(1, min(20, a + b)))]
+    if level in (1, 2, 3):
+        return _one_step(rng, level)
     if level == 4:
         form = rng.choice(("add_mul", "mul_add", "mul_sub"))
         if form == "add_mul":
-            return rng.randint(1, 12), [("+", rng.randint(1, 12)), ("*", rng.randint(2, 9))]
+            return rng.randint(1, 9), [("+", rng.randint(1, 9)), ("*", rng.randint(2, 5))]
         a, b = rng.randint(2, 9), rng.randint(2, 9)
         if form == "mul_add":
-            return a, [("*", b), ("+", rng.randint(1, 20))]
-        return a, [("*", b), ("-", rng.randint(1, min(20, a * b)))]
+            return a, [("*", b), ("+", rng.randint(1, 9))]
+        return a, [("*", b), ("-", rng.randint(1, min(9, a * b)))]
     raise ValueError(f"{NAME} has no level {level}")
 
 
@@ -110,7 +132,7 @@ class ArithDomain(Domain):
     def sample(self, level: int, rng: random.Random) -> Problem:
         a, ops = sample_ops(level, rng)
         text = expression(a, ops)
-        return math_problem(text.replace(" ", ""), f"Compute: {text}", a, ops, show_single_step=False)
+        return math_problem(text.replace(" ", ""), f"Compute: {text}", a, ops, show_single_step=True)
 
     def corpus_text(self, problem: Problem, rng: random.Random) -> str:
         # Half the items are bare facts ("17 + 5 = 22", or the steps of a multi-step problem),

@@ -1,7 +1,7 @@
 """``math.word``: short word problems with integer answers, in four levels.
 
-    L1  one + or - step, numbers 1..20        L3  two + / - steps, small numbers
-    L2  one + or - step, numbers 10..99       L4  two steps with * or exact /
+    L1  one + or - step, 2-digit and 1-digit, no carry   L3  two + / - steps, small numbers
+    L2  one + or - step, 2-digit numbers, no carry       L4  two steps with * or exact /
 
 A template is a sentence with ``{n}`` (a name) and ``{a} {b} {c}`` (numbers) plus the operators
 applied left to right: ``"+-"`` means ``a + b - c``. The key is the template id and the numbers
@@ -19,7 +19,7 @@ import random
 from typing import NamedTuple
 
 from rlvr.tasks.base import DOMAINS, Domain, Problem
-from rlvr.tasks.math_arith import apply, math_problem
+from rlvr.tasks.math_arith import apply, math_problem, one_step_level, sample_ops
 
 NAME = "math.word"
 NAMES = ("Tom", "Ana", "Sam", "Mia", "Ben", "Lea", "Max", "Zoe")
@@ -58,10 +58,11 @@ TEMPLATES = (
 def operands(template: Template, level: int, rng: random.Random) -> tuple[int, ...]:
     """Numbers for ``template`` such that every step is a non-negative (exact) integer."""
     ops = template.ops
-    if level in (1, 2):
-        lo, hi = (1, 20) if level == 1 else (10, 99)
-        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
-        return (max(a, b), min(a, b)) if ops == "-" else (a, b)
+    if level in (1, 2):  # the numbers of a math.arith problem of the same level and operator
+        while True:
+            a, [(_, b)] = sample_ops(level, rng)
+            if one_step_level(a, ops, b) == level:
+                return a, b
     if ops == "+/":
         c = rng.randint(2, 6)
         total = c * rng.randint(2, 10)

@@ -94,7 +94,7 @@ def run_pretrain(cfg: PretrainConfig, *, progress: bool = True) -> dict:
             loss = model(input_ids=batch, labels=batch).loss
             loss.backward()
             grad_norm = clip_and_step(model, opt, sched, cfg.optim.grad_clip)
-            loss_value = float(loss)
+            loss_value = loss.item()
             if step % cfg.log_every == 0 or step == cfg.steps:
                 logger.log(step, {"train/loss": loss_value, "train/grad_norm": grad_norm,
                                   "train/lr": sched.get_last_lr()[0]})

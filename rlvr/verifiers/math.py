@@ -211,6 +211,8 @@ def answers_equal(pred: str, gold: str) -> bool:
     p, g = pair
     if p == g:
         return True
+    if _INTEGER.fullmatch(p) and _INTEGER.fullmatch(g):  # fast path: plain integers need no parser
+        return int(p) == int(g)
     gold_parsed, pred_parsed = _parse(g), _parse(p)
     if not gold_parsed or not pred_parsed:
         return False
