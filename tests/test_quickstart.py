@@ -1,0 +1,48 @@
+"""The quickstart end to end at toy budgets: report, plots, cache, and a plain-transformers final model."""
+
+from __future__ import annotations
+
+import json
+
+from rlvr.config import load_config
+from rlvr.train.quickstart import QuickstartConfig, run_quickstart
+
+TOY = [
+    "pretrain.steps=8", "pretrain.docs_per_domain=60", "pretrain.batch_size=8", "pretrain.seq_len=64",
+    "pretrain.model.hidden_size=32", "pretrain.model.num_layers=1", "pretrain.model.intermediate_size=64",
+    "pretrain.model.num_heads=2", "pretrain.model.num_kv_heads=2",
+    "sft.steps=3", "sft.train_tasks=32", "sft.batch_size=8",
+    "grpo.steps=2", "grpo.train_tasks=16", "grpo.rollout.tasks_per_step=2", "grpo.rollout.samples_per_task=4",
+    "grpo.rollout.max_new_tokens=8", "eval.tasks=16", "eval.max_new_tokens=8",
+]
+
+
+def test_quickstart_writes_report_plots_and_a_plain_hf_model(tmp_path, capsys):
+    cfg = load_config(QuickstartConfig, None, TOY + [f"out={tmp_path}/qs"])
+    report = run_quickstart(cfg)
+    out = tmp_path / "qs"
+    saved = json.loads((out / "report.json").read_text())
+    assert saved == json.loads(json.dumps(report))
+    for domain in ("math.arith", "math.word"):
+        assert {"sft_pass@1", "rl_pass@1"} <= set(saved["domains"][domain])
+    assert set(saved["stage_seconds"]) == {"pretrain", "sft", "eval_sft", "grpo", "eval_rl"}
+    assert saved["eval"]["disjoint_from_training"] is True
+    for png in ("reward_curve.png", "eval_before_after.png"):
+        assert (out / "plots" / png).read_bytes()[:4] == b"\x89PNG"
+    assert "held-out pass@1" in capsys.readouterr().out
+
+    # acceptance 3: plain transformers loads the final model; the template renders our prompt format
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(out / "grpo" / "final")
+    tok = AutoTokenizer.from_pretrained(out / "grpo" / "final")
+    text = tok.apply_chat_template([{"role": "user", "content": "Compute: 34 + 52"}], add_generation_prompt=True,
+                                   tokenize=False)
+    assert text == "<|bos|><|user|>\nCompute: 34 + 52<|end|>\n<|assistant|>\n"
+    ids = tok.apply_chat_template([{"role": "user", "content": "Compute: 34 + 52"}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)["input_ids"]
+    assert model(input_ids=ids).logits.shape[-1] == len(tok)
+
+    # a second run reuses the cached pretrained model
+    again = run_quickstart(cfg)
+    assert again["stage_seconds"]["pretrain"] == 0.0
