@@ -292,7 +292,7 @@ def micro_loss(model, micro: Batch, a: AlgoConfig, totals: dict) -> tuple[torch.
         kl = KL_ESTIMATORS.get(a.kl_estimator)(logprobs, micro.ref_logprobs)
         kl_loss = AGGREGATIONS.get(a.aggregation)(kl, micro.loss_mask, **totals)
         loss = loss + a.kl_coef * kl_loss
-        metrics["kl"] = float(kl_loss)
+        metrics["kl"] = float(kl_loss.detach())
     return loss, metrics
 
 
