@@ -1,0 +1,20 @@
+"""Acceptance 2 at full size (about 9 minutes on 2 cores): `make test-slow`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlvr.config import load_config
+from rlvr.train.quickstart import QuickstartConfig, run_quickstart
+
+RECIPE = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+
+
+@pytest.mark.slow
+def test_grpo_beats_sft_by_ten_points_on_held_out_math(tmp_path):
+    report = run_quickstart(load_config(QuickstartConfig, RECIPE, [f"out={tmp_path}/qs"]))
+    assert report["eval"]["tasks"] >= 500
+    assert 0.2 <= report["overall"]["sft_pass@1"] <= 0.7  # the SFT model has headroom
+    assert report["overall"]["delta_points"] >= 10, report["summary"]
