@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 
 import rlvr.tasks  # noqa: F401
 from rlvr.config import load_config

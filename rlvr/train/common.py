@@ -104,7 +104,7 @@ class Timer:
         return out
 
 
-def prepare_run_dir(out: str | Path, cfg, *, resume: bool) -> Path:
+def prepare_run_dir(out: str | Path, cfg) -> Path:
     """Create the run directory and write the resolved config into it."""
     run_dir = Path(out)
     run_dir.mkdir(parents=True, exist_ok=True)

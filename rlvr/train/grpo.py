@@ -193,7 +193,7 @@ class Run:
 
 def setup(cfg: GRPOConfig, resume: bool) -> Run:
     seed_everything(cfg.seed)
-    run_dir = prepare_run_dir(cfg.out, cfg, resume=resume)
+    run_dir = prepare_run_dir(cfg.out, cfg)
     ckpt = latest_checkpoint(run_dir) if resume else None
     model, tokenizer = load_model_and_tokenizer(str(ckpt) if ckpt else cfg.model)
     ref_model = None

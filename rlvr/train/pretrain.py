@@ -75,7 +75,7 @@ def pack(tokenizer, docs: list[str], seq_len: int) -> torch.Tensor:
 
 def run_pretrain(cfg: PretrainConfig, *, progress: bool = True) -> dict:
     seed_everything(cfg.seed)
-    run_dir = prepare_run_dir(cfg.out, cfg, resume=False)
+    run_dir = prepare_run_dir(cfg.out, cfg)
     start = time.perf_counter()
     docs = build_corpus(cfg)
     tokenizer = train_tokenizer(docs, vocab_size=cfg.vocab_size)

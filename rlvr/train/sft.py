@@ -65,7 +65,7 @@ def build_examples(tokenizer, tasks: list[Task]) -> list[tuple[list[int], list[i
 
 def run_sft(cfg: SFTConfig, *, progress: bool = True) -> dict:
     seed_everything(cfg.seed)
-    run_dir = prepare_run_dir(cfg.out, cfg, resume=False)
+    run_dir = prepare_run_dir(cfg.out, cfg)
     start = time.perf_counter()
     model, tokenizer = load_model_and_tokenizer(cfg.model)
     model.train()
