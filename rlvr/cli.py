@@ -39,7 +39,7 @@ def cmd_pretrain(args) -> None:
     from rlvr.train.pretrain import PretrainConfig, run_pretrain
 
     cfg = _load(PretrainConfig, args)
-    print(json.dumps(run_pretrain(cfg), indent=2))
+    print(json.dumps(run_pretrain(cfg, resume=args.resume), indent=2))
     print(f"model: {cfg.out}/final")
 
 
@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, help_, resume in [
         ("quickstart", cmd_quickstart, "pretrain -> SFT -> eval -> GRPO -> eval -> report on the tiny default", True),
-        ("pretrain", cmd_pretrain, "build the tokenizer and pretrain the tiny default model", False),
+        ("pretrain", cmd_pretrain, "build the tokenizer and pretrain the tiny default model", True),
         ("sft", cmd_sft, "supervised fine-tuning on chat pairs (loss on assistant tokens)", False),
         ("train", cmd_train, "GRPO-family RL with verifiable rewards", True),
     ]:

@@ -15,7 +15,9 @@ import torch
 from rich.progress import Progress
 
 from rlvr.config import check_range
-from rlvr.model.checkpoint import save_model_dir
+from rlvr.model.checkpoint import (latest_checkpoint, load_trainer_state, prune_checkpoints, rng_state,
+                                   save_checkpoint, save_model_dir, set_rng_state)
+from rlvr.model.load import load_model_and_tokenizer
 from rlvr.model.tiny import TinyModelConfig, build_tiny_model
 from rlvr.model.tokenizer import train_tokenizer
 from rlvr.monitor.metrics import MetricsLogger
@@ -47,6 +49,8 @@ class PretrainConfig:
     """Optimizer and schedule."""
     log_every: int = 25
     """Log train/* every this many steps."""
+    checkpoint_every: int = 100
+    """Write a resumable checkpoint every this many steps (`--resume` continues from it)."""
 
     def __post_init__(self) -> None:
         check_range("pretrain.steps", self.steps, 1)
@@ -73,22 +77,34 @@ def pack(tokenizer, docs: list[str], seq_len: int) -> torch.Tensor:
     return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)
 
 
-def run_pretrain(cfg: PretrainConfig, *, progress: bool = True) -> dict:
+def run_pretrain(cfg: PretrainConfig, *, resume: bool = False, progress: bool = True) -> dict:
     seed_everything(cfg.seed)
     run_dir = prepare_run_dir(cfg.out, cfg)
     start = time.perf_counter()
+    ckpt = latest_checkpoint(run_dir) if resume else None
     docs = build_corpus(cfg)
-    tokenizer = train_tokenizer(docs, vocab_size=cfg.vocab_size)
+    if ckpt is None:
+        tokenizer = train_tokenizer(docs, vocab_size=cfg.vocab_size)
+        model = build_tiny_model(cfg.model, tokenizer, seed=cfg.seed)
+    else:
+        model, tokenizer = load_model_and_tokenizer(str(ckpt))
     data = pack(tokenizer, docs, cfg.seq_len)
-    model = build_tiny_model(cfg.model, tokenizer, seed=cfg.seed)
     model.train()
     opt, sched = build_optimizer(model, cfg.optim, cfg.steps)
-    logger = MetricsLogger(run_dir)
     gen = torch.Generator().manual_seed(cfg.seed)
+    first = 1
+    if ckpt is not None:
+        state = load_trainer_state(ckpt)
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        gen.set_state(state["generator"])
+        set_rng_state(state["rng"])
+        first = state["step"] + 1
+    logger = MetricsLogger(run_dir, resume_step=first - 1 if resume else None)
     loss_value = float("nan")
     with Progress(disable=not progress, transient=True) as bar:
-        job = bar.add_task("pretrain", total=cfg.steps)
-        for step in range(1, cfg.steps + 1):
+        job = bar.add_task("pretrain", total=cfg.steps, completed=first - 1)
+        for step in range(first, cfg.steps + 1):
             rows = torch.randint(0, data.shape[0], (cfg.batch_size,), generator=gen)
             batch = data[rows]
             loss = model(input_ids=batch, labels=batch).loss
@@ -98,6 +114,11 @@ def run_pretrain(cfg: PretrainConfig, *, progress: bool = True) -> dict:
             if step % cfg.log_every == 0 or step == cfg.steps:
                 logger.log(step, {"train/loss": loss_value, "train/grad_norm": grad_norm,
                                   "train/lr": sched.get_last_lr()[0]})
+            if step % cfg.checkpoint_every == 0 and step < cfg.steps:
+                state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                         "generator": gen.get_state(), "rng": rng_state()}
+                save_checkpoint(run_dir, step, model, tokenizer, state)
+                prune_checkpoints(run_dir, keep=1)
             bar.update(job, advance=1, description=f"pretrain loss {loss_value:.3f}")
     logger.close()
     save_model_dir(run_dir / "final", model, tokenizer)

@@ -72,7 +72,7 @@ def run_quickstart(cfg: QuickstartConfig, *, resume: bool = False, console: Cons
         console.print("[bold]pretrain[/bold]\n  cached: reusing runs' pretrain/final (delete it to retrain)")
         seconds["pretrain"] = 0.0
     else:
-        stage("pretrain", lambda: run_pretrain(pre))
+        stage("pretrain", lambda: run_pretrain(pre, resume=resume))
         key_file.write_text(_cache_key(pre))
 
     sft = dataclasses.replace(cfg.sft, model=str(out / "pretrain/final"), out=str(out / "sft"))
