@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from rlvr.config import check_range, save_config
+from rlvr.model.checkpoint import load_trainer_state, rng_state, set_rng_state
 
 
 @dataclass
@@ -110,3 +111,19 @@ def prepare_run_dir(out: str | Path, cfg) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
     return run_dir
+
+
+def training_state(step: int, optimizer, scheduler, generator: torch.Generator, **extra) -> dict:
+    """What a resumable checkpoint holds besides the model: step, optimizer, schedule, RNGs, extras."""
+    return {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "generator": generator.get_state(), "rng": rng_state(), **extra}
+
+
+def restore_training_state(ckpt: Path, optimizer, scheduler, generator: torch.Generator) -> dict:
+    """Load a checkpoint's trainer state into the objects and return it (for step and extras)."""
+    state = load_trainer_state(ckpt)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    generator.set_state(state["generator"])
+    set_rng_state(state["rng"])
+    return state

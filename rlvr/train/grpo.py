@@ -28,8 +28,7 @@ from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES
 from rlvr.config import check_choice, check_range
 from rlvr.curriculum.pool import TaskPool
 from rlvr.eval.evaluate import EvalConfig, evaluate
-from rlvr.model.checkpoint import (latest_checkpoint, load_trainer_state, prune_checkpoints, rng_state,
-                                   save_checkpoint, save_model_dir, set_rng_state)
+from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint, save_model_dir
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.monitor.metrics import MetricsLogger
 from rlvr.rewards import RewardConfig, score
@@ -37,7 +36,8 @@ from rlvr.rollout.collect import collect
 from rlvr.rollout.engine import SamplingParams, sequence_logprobs
 from rlvr.tasks.base import generate_tasks
 from rlvr.train.batching import collate, select
-from rlvr.train.common import OptimConfig, Timer, build_optimizer, clip_and_step, prepare_run_dir, seed_everything
+from rlvr.train.common import (OptimConfig, Timer, build_optimizer, clip_and_step, prepare_run_dir,
+                               restore_training_state, seed_everything, training_state)
 from rlvr.types import Batch, Scored, Task, Trajectory
 from rlvr.verifiers import get_verifier
 
@@ -208,12 +208,8 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     generator = torch.Generator().manual_seed(cfg.seed)
     step = 0
     if ckpt is not None:
-        state = load_trainer_state(ckpt)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
+        state = restore_training_state(ckpt, optimizer, scheduler, generator)
         pool.load_state_dict(state["pool"])
-        generator.set_state(state["generator"])
-        set_rng_state(state["rng"])
         step = state["step"]
     logger = MetricsLogger(run_dir, resume_step=step if resume else None)
     return Run(cfg, run_dir, model, tokenizer, ref_model, optimizer, scheduler, pool, generator, logger, step,
@@ -338,7 +334,6 @@ def save_trajectories(run_dir: Path, step: int, scored: list[Scored], limit: int
 
 
 def checkpoint(run: Run, cfg: GRPOConfig) -> None:
-    state = {"step": run.step, "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
-             "pool": run.pool.state_dict(), "generator": run.generator.get_state(), "rng": rng_state()}
+    state = training_state(run.step, run.optimizer, run.scheduler, run.generator, pool=run.pool.state_dict())
     save_checkpoint(run.dir, run.step, run.model, run.tokenizer, state)
     prune_checkpoints(run.dir, keep=cfg.keep_checkpoints)

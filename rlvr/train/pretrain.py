@@ -15,14 +15,14 @@ import torch
 from rich.progress import Progress
 
 from rlvr.config import check_range
-from rlvr.model.checkpoint import (latest_checkpoint, load_trainer_state, prune_checkpoints, rng_state,
-                                   save_checkpoint, save_model_dir, set_rng_state)
+from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint, save_model_dir
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.model.tiny import TinyModelConfig, build_tiny_model
 from rlvr.model.tokenizer import train_tokenizer
 from rlvr.monitor.metrics import MetricsLogger
 from rlvr.tasks.base import DOMAINS
-from rlvr.train.common import OptimConfig, build_optimizer, clip_and_step, prepare_run_dir, seed_everything
+from rlvr.train.common import (OptimConfig, build_optimizer, clip_and_step, prepare_run_dir, restore_training_state,
+                               seed_everything, training_state)
 
 
 @dataclass
@@ -94,12 +94,7 @@ def run_pretrain(cfg: PretrainConfig, *, resume: bool = False, progress: bool = 
     gen = torch.Generator().manual_seed(cfg.seed)
     first = 1
     if ckpt is not None:
-        state = load_trainer_state(ckpt)
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        gen.set_state(state["generator"])
-        set_rng_state(state["rng"])
-        first = state["step"] + 1
+        first = restore_training_state(ckpt, opt, sched, gen)["step"] + 1
     logger = MetricsLogger(run_dir, resume_step=first - 1 if resume else None)
     loss_value = float("nan")
     with Progress(disable=not progress, transient=True) as bar:
@@ -115,9 +110,7 @@ def run_pretrain(cfg: PretrainConfig, *, resume: bool = False, progress: bool = 
                 logger.log(step, {"train/loss": loss_value, "train/grad_norm": grad_norm,
                                   "train/lr": sched.get_last_lr()[0]})
             if step % cfg.checkpoint_every == 0 and step < cfg.steps:
-                state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                         "generator": gen.get_state(), "rng": rng_state()}
-                save_checkpoint(run_dir, step, model, tokenizer, state)
+                save_checkpoint(run_dir, step, model, tokenizer, training_state(step, opt, sched, gen))
                 prune_checkpoints(run_dir, keep=1)
             bar.update(job, advance=1, description=f"pretrain loss {loss_value:.3f}")
     logger.close()
