@@ -1,0 +1,134 @@
+"""How a sandboxed process isolates itself: the per-worker plan and the per-run steps.
+
+A worker builds one ``Plan`` at start-up (what this machine allows, which uid to become, which
+paths stay readable). Each run's first process calls ``enter`` right after the fork, in this
+order: new session, die with the worker, rlimits, workspace as cwd, close every inherited fd
+but the run's pipes, drop to the slot's non-root uid (or drop capabilities inside a user
+namespace), landlock (read-only system, one writable workspace, no TCP, scoped signals), seccomp.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import sys
+from dataclasses import dataclass, field
+
+from rlvr.sandbox import kernel, seccomp
+
+SYSTEM_READ_ONLY = ["/usr", "/bin", "/lib", "/lib64", "/lib32", "/etc/ld.so.cache",
+                    "/etc/localtime", "/etc/alternatives", "/dev/urandom", "/dev/zero"]
+
+
+@dataclass
+class Plan:
+    backend: str  # forkserver | forkserver-userns | weak
+    uid: int | None = None  # switch to this uid/gid (root-started workers)
+    drop_caps: bool = False  # inside a user namespace: keep the uid, lose the capabilities
+    pid_namespace: bool = False  # each run is pid 1 of a fresh pid namespace
+    landlock_abi: int = 0
+    seccomp_filter: object = None
+    read_only: list[str] = field(default_factory=list)
+    read_write: list[str] = field(default_factory=lambda: ["/dev/null"])
+
+
+def python_paths() -> list[str]:
+    """Where the interpreter and its packages live (readable by sandboxed code)."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)}
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths.add(here)  # the directory holding the rlvr package (the exec-path harness imports it)
+    return sorted(paths)
+
+
+def set_limits(limits: dict) -> None:
+    mb = 1 << 20
+    cpu = int(limits["cpu_s"])
+    for res, soft, hard in (
+        (resource.RLIMIT_CPU, cpu, cpu + 1),
+        (resource.RLIMIT_AS, limits["memory_mb"] * mb, limits["memory_mb"] * mb),
+        (resource.RLIMIT_NPROC, limits["processes"], limits["processes"]),
+        (resource.RLIMIT_FSIZE, limits["file_size_mb"] * mb, limits["file_size_mb"] * mb),
+        (resource.RLIMIT_NOFILE, limits["open_files"], limits["open_files"]),
+        (resource.RLIMIT_CORE, 0, 0),
+    ):
+        resource.setrlimit(res, (soft, hard))
+
+
+def enter(plan: Plan, workdir: str, limits: dict, keep_fds: list[int],
+          landlock: bool = True, filter_syscalls: bool = True) -> None:
+    """Isolate the calling (freshly forked) process. Raises if any step fails: never run
+    untrusted code half-isolated."""
+    os.setsid()
+    if kernel.LINUX:
+        kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    os.chdir(workdir)
+    for fd in range(3, _max_fd()):
+        if fd not in keep_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    set_limits(limits)  # NPROC is checked against the uid we are about to become
+    if plan.uid is not None:
+        os.setgroups([])
+        os.setresgid(plan.uid, plan.uid, plan.uid)
+        os.setresuid(plan.uid, plan.uid, plan.uid)
+    elif plan.drop_caps:
+        kernel.drop_capabilities()
+    if landlock and plan.landlock_abi:
+        kernel.landlock_restrict(plan.read_only, [workdir, *plan.read_write], plan.landlock_abi)
+    elif kernel.LINUX:
+        kernel.prctl(kernel.PR_SET_NO_NEW_PRIVS, 1)
+    if filter_syscalls and plan.seccomp_filter is not None:
+        plan.seccomp_filter.load()
+
+
+def _max_fd() -> int:
+    try:
+        return max(int(x) for x in os.listdir("/proc/self/fd")) + 1
+    except (OSError, ValueError):
+        return 1024
+
+
+def build_plan(backend: str, uid: int | None) -> Plan:
+    """The isolation this worker applies to each run, given the backend it was started for."""
+    abi = kernel.landlock_abi()
+    strict = backend in ("forkserver", "forkserver-userns", "bwrap")
+    filt = seccomp.build_filter(deny_fork=not strict) if seccomp.available() else None
+    return Plan(
+        backend=backend,
+        uid=uid if backend in ("forkserver", "bwrap") else None,
+        drop_caps=backend == "forkserver-userns",
+        pid_namespace=strict,
+        landlock_abi=abi,
+        seccomp_filter=filt,
+        read_only=SYSTEM_READ_ONLY + python_paths(),
+    )
+
+
+def expose_paths(paths: list[str]) -> None:
+    """In this (private) mount namespace, make ``paths`` reachable for any uid.
+
+    An interpreter under a mode-700 home (``/root/.pyenv``) cannot be read by the sandbox uid.
+    For each closed ancestor, mount a world-traversable tmpfs over it holding only the needed
+    paths, bind-mounted back from detached copies. Everything else there disappears from view.
+    """
+    closed: dict[str, list[str]] = {}
+    for path in paths:
+        parts = os.path.abspath(path).split(os.sep)[1:]
+        for i in range(1, len(parts)):
+            ancestor = os.sep + os.path.join(*parts[:i])
+            if not os.stat(ancestor).st_mode & 0o001:
+                closed.setdefault(ancestor, []).append(path)
+                break
+    for ancestor, inside in closed.items():
+        inside = [p for p in inside if not any(p != q and p.startswith(q + os.sep) for q in inside)]
+        trees = [(p, kernel.open_tree_clone(p)) for p in sorted(set(inside))]
+        kernel.mount("tmpfs", ancestor, "tmpfs", kernel.MS_NOSUID | kernel.MS_NODEV,
+                     "mode=755,size=64k")
+        for p, fd in trees:
+            os.makedirs(p, mode=0o755, exist_ok=True)
+            kernel.move_mount(fd, p)
+            os.close(fd)

@@ -1,0 +1,441 @@
+"""A pre-warmed sandbox worker: one long-lived process per slot that forks once per run.
+
+Started by ``pool.Sandbox`` with a minimal environment and a JSON config in ``argv[1]``. It sets
+itself up once (child subreaper; on the strict backends a private mount and network namespace,
+with no interface but a downed loopback; the slot's uid), then loops: read a job from fd 0, run
+it, write the result to fd 1. Frames are a 4-byte big-endian length plus JSON.
+
+Per run the worker forks the run's first process into a fresh pid namespace (it is pid 1, so
+when it exits or is killed the kernel kills everything it left behind), collects stdout, stderr
+and the harness report with caps, enforces the wall-clock limit, reaps, checks protected files'
+hashes and removes the workspace. The trusted part of a job (the tests and the nonce) is never
+parsed here: it is copied from the request pipe into the run's pipe and the buffer is zeroed,
+so a later run's fork of this worker cannot find it in memory.
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import hashlib
+import json
+import os
+import select
+import shutil
+import signal
+import struct
+import sys
+import time
+import traceback
+
+from rlvr.sandbox import harness, isolate, kernel
+
+F_SETPIPE_SZ = 1031
+REPORT_MAX = 16 << 20
+SETUP_FAILED = "rlvr.sandbox: setup failed"
+PRELOAD = ("math", "cmath", "itertools", "functools", "collections", "heapq", "bisect", "re",
+           "string", "json", "random", "statistics", "fractions", "decimal", "operator",
+           "typing", "dataclasses", "copy", "datetime", "textwrap", "unicodedata", "traceback")
+
+
+# ---- framing -------------------------------------------------------------------------------
+
+def read_exact(fd: int, n: int, into: bytearray | None = None) -> bytearray:
+    buf = into if into is not None else bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = os.readv(fd, [view[got:n]])
+        if k == 0:
+            raise EOFError("request pipe closed")
+        got += k
+    return buf
+
+
+def read_frame(fd: int) -> bytearray:
+    (n,) = struct.unpack(">I", read_exact(fd, 4))
+    return read_exact(fd, n)
+
+
+def write_frame(fd: int, payload: bytes) -> None:
+    harness._write_all(fd, struct.pack(">I", len(payload)) + payload)
+
+
+# ---- output capture ------------------------------------------------------------------------
+
+class Capture:
+    """Keep the first ``head`` bytes and the last ``tail`` bytes of a stream; count the rest."""
+
+    def __init__(self, head: int, tail: int = 4096):
+        self.head, self.tail_max = bytearray(), tail
+        self.head_max, self.tail = head, collections.deque()
+        self.tail_len = self.total = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.head_max - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data and self.tail_max:
+            self.tail.append(data)
+            self.tail_len += len(data)
+            while self.tail_len - len(self.tail[0]) >= self.tail_max:
+                self.tail_len -= len(self.tail.popleft())
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.head) + min(self.tail_len, self.tail_max)
+
+    def text(self) -> str:
+        out = bytes(self.head)
+        if self.tail:
+            tail = b"".join(self.tail)[-self.tail_max:]
+            if self.truncated:
+                out += f"\n...[{self.total - len(self.head) - len(tail)} bytes cut]...\n".encode()
+            out += tail
+        return out.decode("utf-8", "replace")
+
+
+# ---- the worker ----------------------------------------------------------------------------
+
+class Worker:
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self.backend = cfg["backend"]
+        self.base = cfg["base"]
+        self.counter = 0
+        self.own_pidns = None
+        self._setup()
+
+    def _setup(self) -> None:
+        self.req, self.resp = os.dup(0), os.dup(1)
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.close(null)
+        uid = self.cfg.get("uid")
+        if kernel.LINUX:
+            kernel.prctl(kernel.PR_SET_CHILD_SUBREAPER, 1)
+            kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
+        if self.backend in ("forkserver", "bwrap"):
+            kernel.unshare(kernel.CLONE_NEWNS | kernel.CLONE_NEWNET)
+            kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+            isolate.expose_paths(isolate.python_paths())
+        elif self.backend == "forkserver-userns":
+            real_uid, real_gid = os.getuid(), os.getgid()
+            kernel.unshare(kernel.CLONE_NEWUSER | kernel.CLONE_NEWNS | kernel.CLONE_NEWNET)
+            kernel.write_id_maps(0, real_uid, 0, real_gid)
+            kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+        self.plan = isolate.build_plan(self.backend, uid)
+        if self.plan.pid_namespace and self.backend != "forkserver-userns":
+            self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        os.makedirs(self.base, mode=0o711, exist_ok=True)
+        for name in PRELOAD:
+            __import__(name)
+
+    # -- workspace --
+
+    def _workspace(self, job: dict) -> tuple[str, bool]:
+        if job.get("workdir"):
+            return job["workdir"], False
+        self.counter += 1
+        ws = os.path.join(self.base, f"run-{self.counter}")
+        if os.path.lexists(ws):
+            _remove_tree(ws)
+        os.mkdir(ws)
+        os.chmod(ws, 0o1777)  # sticky: the candidate may add files, not remove protected ones
+        uid = self.plan.uid
+        for rel, content in job.get("files", {}).items():
+            path = _inside(ws, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            data = content.encode() if isinstance(content, str) else bytes(content)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            if rel in job.get("protected", []):
+                os.chmod(path, 0o444)
+            elif uid is not None:
+                os.chown(path, uid, uid)
+        for dirpath, _dirs, _files in os.walk(ws):
+            os.chmod(dirpath, 0o1777)
+        return ws, True
+
+    # -- one run --
+
+    def run(self, job: dict, trusted: bytearray) -> dict:
+        t0 = time.perf_counter()
+        limits = job["limits"]
+        try:
+            ws, fresh = self._workspace(job)
+            hashes = {p: _hash(_inside(ws, p)) for p in job.get("protected", [])}
+        except (OSError, ValueError) as e:
+            return {"status": "error", "error": f"workspace: {e}", "duration_s": 0.0}
+        pipes = {name: os.pipe() for name in ("out", "err", "rep", "trusted", "stdin", "job")}
+        use_bwrap = self.backend == "bwrap"
+        try:
+            _fill(pipes["trusted"], trusted)
+            _fill(pipes["stdin"], job.get("stdin", "").encode())
+            _fill(pipes["job"], json.dumps(job).encode() if use_bwrap else b"")
+        except OSError as e:
+            for r, w in pipes.values():
+                _close(r, w)
+            return {"status": "error", "error": f"input too large: {e}", "duration_s": 0.0}
+        finally:
+            trusted[:] = bytes(len(trusted))
+        if self.own_pidns is not None:
+            kernel.unshare(kernel.CLONE_NEWPID)
+        pid = os.fork()
+        if pid == 0:
+            self._child(job, ws, pipes)  # never returns
+        if self.own_pidns is not None:
+            kernel.setns(self.own_pidns, kernel.CLONE_NEWPID)
+        for name, (r, w) in pipes.items():
+            os.close(w)
+            if name in ("trusted", "stdin", "job"):
+                os.close(r)
+        out = self._collect(pid, pipes, limits, t0)
+        out["tampered"] = [p for p, h in hashes.items() if _hash(_inside(ws, p)) != h]
+        if fresh:
+            _remove_tree(ws)
+        _reap_orphans()
+        out["duration_s"] = time.perf_counter() - t0
+        return out
+
+    def _child(self, job: dict, ws: str, pipes: dict) -> None:
+        code = 70
+        try:
+            os.dup2(pipes["stdin"][0], 0)
+            os.dup2(pipes["out"][1], 1)
+            os.dup2(pipes["err"][1], 2)
+            if self.plan.pid_namespace and self.own_pidns is None:
+                _relay_into_new_pid_namespace()
+            bwrap = self.backend == "bwrap"
+            keep = [pipes["rep"][1], pipes["trusted"][0], pipes["job"][0]]
+            isolate.enter(self.plan, ws, job["limits"], keep, landlock=not bwrap,
+                          filter_syscalls=not bwrap)
+        except BaseException:  # noqa: BLE001 - never run untrusted code half-isolated
+            os.write(2, f"{SETUP_FAILED}: {traceback.format_exc()}".encode())
+            harness.flush_and_exit(70)
+        try:
+            if job["kind"] == "command" or bwrap:
+                self._exec(job, ws, pipes)
+            code = harness.main(job, trusted_fd=pipes["trusted"][0], report_fd=pipes["rep"][1])
+        except BaseException:  # noqa: BLE001
+            traceback.print_exc()
+        harness.flush_and_exit(code)
+
+    def _exec(self, job: dict, ws: str, pipes: dict) -> None:
+        from rlvr.sandbox import bwrap
+
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": ws, "TMPDIR": ws,
+               "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", **job.get("env", {})}
+        if job["kind"] == "command":
+            argv = list(job["argv"])
+            if argv and argv[0] in ("python", "python3"):
+                argv[0] = sys.executable
+        else:  # bwrap running the harness in a fresh interpreter
+            _arrange_fds({3: pipes["job"][0], 4: pipes["trusted"][0], 5: pipes["rep"][1]})
+            argv = harness_argv()
+        if self.backend == "bwrap":
+            argv = bwrap.wrap(self.cfg["bwrap"], argv, ws, job.get("protected", []),
+                              isolate.SYSTEM_READ_ONLY + isolate.python_paths(), env)
+            env = {}
+        path = shutil.which(argv[0], path=env.get("PATH", "/usr/bin:/bin")) or argv[0]
+        os.execve(path, argv, env)
+
+    def _collect(self, pid: int, pipes: dict, limits: dict, t0: float) -> dict:
+        deadline = t0 + float(limits["wall_s"])
+        keep = limits["output_kb"] * 1024
+        kill_at = limits["output_kill_mb"] << 20
+        caps = {pipes["out"][0]: Capture(keep), pipes["err"][0]: Capture(keep),
+                pipes["rep"][0]: Capture(REPORT_MAX, tail=0)}
+        poller = select.poll()
+        for fd in caps:
+            poller.register(fd, select.POLLIN)
+        pidfd = _pidfd(pid)
+        if pidfd is not None:
+            poller.register(pidfd, select.POLLIN)
+        open_fds, status, exited_at = set(caps), "ok", None
+        while open_fds:
+            now = time.perf_counter()
+            if now >= deadline:
+                status = "timeout"
+                break
+            if exited_at is not None and now - exited_at > 0.2:
+                break  # the run's process is gone and something it left still holds a pipe
+            wait = deadline - now if exited_at is None else 0.05
+            for fd, _ev in poller.poll(max(1, int(wait * 1000))):
+                if fd == pidfd:
+                    poller.unregister(pidfd)
+                    exited_at = time.perf_counter()
+                    if not self.plan.pid_namespace:
+                        _killpg(pid)
+                    continue
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                    continue
+                caps[fd].add(data)
+                shown = caps[pipes["out"][0]].total + caps[pipes["err"][0]].total
+                if shown > kill_at or caps[pipes["rep"][0]].total > REPORT_MAX:
+                    status = "output_limit"
+                    open_fds.clear()
+                    break
+        if status != "ok" or exited_at is None:
+            _kill(pid)
+        if not self.plan.pid_namespace:
+            _killpg(pid)
+        _, wstatus, usage = os.wait4(pid, 0)
+        for fd in list(caps) + ([pidfd] if pidfd is not None else []):
+            os.close(fd)
+        out_cap, err_cap = caps[pipes["out"][0]], caps[pipes["err"][0]]
+        stderr = err_cap.text()
+        exit_code = os.waitstatus_to_exitcode(wstatus)
+        result = {
+            "status": status, "exit_code": exit_code if exit_code >= 0 else None,
+            "signal": -exit_code if exit_code < 0 else None,
+            "stdout": out_cap.text(), "stderr": stderr,
+            "output_bytes": out_cap.total + err_cap.total,
+            "truncated": out_cap.truncated or err_cap.truncated,
+            "report": bytes(caps[pipes["rep"][0]].head).decode("utf-8", "replace"),
+            "cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_kb": usage.ru_maxrss, "error": "",
+        }
+        if status == "ok" and exit_code == 70 and stderr.startswith(SETUP_FAILED):
+            result.update(status="error", error=stderr.splitlines()[0])
+        elif status == "ok" and exit_code < 0:
+            result["status"] = "killed"
+        return result
+
+    def serve(self) -> None:
+        while True:
+            try:
+                header = json.loads(read_frame(self.req))
+                trusted = read_frame(self.req)
+            except EOFError:
+                return
+            try:
+                result = self.run(header["job"], trusted)
+            except Exception as e:  # noqa: BLE001 - report, keep serving
+                result = {"status": "error", "error": f"worker: {type(e).__name__}: {e}",
+                          "duration_s": 0.0}
+            write_frame(self.resp, json.dumps(result).encode())
+
+
+def harness_argv() -> list[str]:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    boot = (f"import sys; sys.path.insert(0, {root!r}); import runpy; "
+            "runpy.run_module('rlvr.sandbox.harness', run_name='__main__')")
+    return [sys.executable, "-I", "-c", boot]
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+def _inside(ws: str, rel: str) -> str:
+    path = os.path.normpath(os.path.join(ws, rel))
+    if os.path.isabs(rel) or not path.startswith(ws.rstrip(os.sep) + os.sep):
+        raise ValueError(f"path escapes the workspace: {rel!r}")
+    return path
+
+
+def _hash(path: str) -> str | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _fill(pipe: tuple[int, int], data) -> None:
+    r, w = pipe
+    if len(data) > 60_000:
+        fcntl.fcntl(w, F_SETPIPE_SZ, min(1 << 20, len(data) + 4096))
+    if data:
+        harness._write_all(w, bytes(data) if isinstance(data, bytearray) else data)
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _arrange_fds(targets: dict[int, int]) -> None:
+    """dup2 sources onto target fd numbers without clobbering a source on the way."""
+    high = {t: os.dup(s) for t, s in targets.items()}
+    for t, s in high.items():
+        os.dup2(s, t, inheritable=True)
+        os.close(s)
+
+
+def _relay_into_new_pid_namespace() -> None:
+    """Without setns rights (user-namespace workers): fork once more so the run is pid 1."""
+    kernel.unshare(kernel.CLONE_NEWPID)
+    pid = os.fork()
+    if pid == 0:
+        kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
+        return
+    _, status = os.waitpid(pid, 0)
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 128 + 9)
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reap_orphans() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _remove_tree(path: str) -> None:
+    def fix(func, p, _exc):
+        os.chmod(os.path.dirname(p), 0o700)
+        if os.path.isdir(p) and not os.path.islink(p):
+            os.chmod(p, 0o700)
+        func(p)
+    shutil.rmtree(path, onerror=fix)
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    try:
+        worker = Worker(cfg)
+    except BaseException:  # noqa: BLE001 - tell the pool why, then stop
+        sys.stderr.write(traceback.format_exc())
+        write_frame(1, json.dumps({"ready": False, "error": traceback.format_exc()}).encode())
+        sys.exit(1)
+    write_frame(worker.resp, json.dumps({"ready": True, "backend": worker.backend,
+                                         "landlock_abi": worker.plan.landlock_abi,
+                                         "seccomp": worker.plan.seccomp_filter is not None,
+                                         "uid": worker.plan.uid}).encode())
+    worker.serve()
+
+
+if __name__ == "__main__":
+    main()
