@@ -3,14 +3,21 @@ VENV       ?= .venv
 PY         := $(VENV)/bin/python
 # This machine has a CPU build of torch 2.13.0 on disk; elsewhere pick yours (e.g. TORCH_SPEC=torch).
 TORCH_SPEC ?= torch==2.13.0
+SYSTEM_PACKAGES := bubblewrap libseccomp2
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow test-all bench clean
+.PHONY: setup demo test test-slow test-all bench check-sandbox clean
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
+	@# System packages for the sandbox (bubblewrap backend, libseccomp), when run as root.
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		! dpkg -s $(SYSTEM_PACKAGES) >/dev/null 2>&1; then \
+		apt-get install -y -q $(SYSTEM_PACKAGES) >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null && apt-get install -y -q $(SYSTEM_PACKAGES) >/dev/null) || \
+		echo "warning: could not install $(SYSTEM_PACKAGES); 'rlvr sandbox info' says what is missing"; fi
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
@@ -32,6 +39,11 @@ test-all: setup
 
 bench: setup
 	$(PY) benchmarks/quickstart_stages.py --json runs/bench/quickstart_stages.json
+	$(PY) benchmarks/sandbox_bench.py --json runs/bench/sandbox_bench.json
+	$(PY) benchmarks/sandbox_snapshot.py --json runs/bench/sandbox_snapshot.json
+
+check-sandbox: setup
+	$(VENV)/bin/rlvr sandbox check
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

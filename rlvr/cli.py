@@ -92,6 +92,26 @@ def cmd_tasks(args) -> None:
             print(json.dumps(task.to_dict()))
 
 
+def cmd_sandbox(args) -> None:
+    from rlvr.sandbox import detect
+
+    if args.action == "info":
+        backend = detect.choose(args.backend)
+        print(f"backend: {backend.describe()}")
+        print(f"machine: {detect.describe_caps(backend.caps)}")
+        return
+    if args.action == "check":
+        from rlvr.sandbox.attacks import check
+
+        code = check(backend=args.backend, allow_weak=args.allow_weak, workers=args.workers or 2)
+    else:
+        from rlvr.sandbox import bench
+
+        code = bench.run_from_args(args)
+    if code:
+        raise SystemExit(code)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlvr", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -119,6 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_tasks)
+    p = sub.add_parser("sandbox", help="sandbox self-test (attack suite), benchmark, or info")
+    p.add_argument("action", choices=["check", "bench", "info"])
+    p.add_argument("--allow-weak", action="store_true", help="check: run even on the weak backend")
+    from rlvr.sandbox.bench import add_arguments
+
+    add_arguments(p)  # --backend, --workers, --n, --rounds, --kind, --json (bench)
+    p.set_defaults(fn=cmd_sandbox, quiet=False)
     return parser
 
 
@@ -134,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     args = build_parser().parse_args(argv)
-    _quiet_libraries()
+    if getattr(args, "quiet", True):
+        _quiet_libraries()
     try:
         args.fn(args)
     except UserError as e:

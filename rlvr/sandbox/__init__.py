@@ -38,8 +38,16 @@ What they do not guarantee:
   explicitly allowed, and says what it lacks.
 """
 
-from rlvr.sandbox.detect import Backend, capabilities, choose
-from rlvr.sandbox.pool import Sandbox
-from rlvr.sandbox.types import ExecResult, Job, Limits
+import importlib
 
-__all__ = ["Backend", "ExecResult", "Job", "Limits", "Sandbox", "capabilities", "choose"]
+_EXPORTS = {"Backend": "detect", "capabilities": "detect", "choose": "detect",
+            "Sandbox": "pool", "ExecResult": "types", "Job": "types", "Limits": "types",
+            "Workspace": "workspace"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    # Lazy, so that the in-sandbox harness and the workers import only what they use.
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"rlvr.sandbox.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'rlvr.sandbox' has no attribute {name!r}")

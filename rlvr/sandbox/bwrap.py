@@ -1,4 +1,6 @@
-"""The bubblewrap launcher: a fresh root filesystem per run, for shell and multi-file jobs.
+"""The bubblewrap launcher: a fresh root filesystem per run, for ``command`` jobs (shell tools,
+multi-file projects). Python jobs (io, tests, program) of a ``bwrap`` sandbox use the fork-server
+isolation of the same worker, which needs no new interpreter.
 
 The worker has already put the run in a fresh pid namespace, set the rlimits and switched to the
 slot's non-root uid, so bwrap itself runs unprivileged (started as root, its sandbox uid maps to

@@ -153,10 +153,11 @@ def _stub(requests: int, replies: int):
     return candidate
 
 
-def run_tests(job: dict, trusted_fd: int, report_fd: int, report_factory) -> int:
+def run_tests(job: dict, trusted_fd: int, report_fd: int, report_factory, after_fork) -> int:
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
     pid = os.fork()
+    after_fork()
     if pid == 0:  # the candidate: nothing trusted is in this memory yet
         code = 0
         try:
@@ -223,8 +224,12 @@ def _no_dumping() -> None:
         pass
 
 
-def main(job: dict, trusted_fd: int, report_fd: int) -> int:
-    """Run one job in this (already isolated) process; returns the exit status to use."""
+def main(job: dict, trusted_fd: int, report_fd: int, after_fork=lambda: None) -> int:
+    """Run one job in this (already isolated) process; returns the exit status to use.
+
+    ``after_fork`` runs in both processes of a ``tests`` job right after the split (the weak
+    backend installs its no-new-processes seccomp filter there, after the one fork it allows).
+    """
     write = os.write  # captured before any candidate code runs
 
     def report_factory(nonce: str):
@@ -236,7 +241,7 @@ def main(job: dict, trusted_fd: int, report_fd: int) -> int:
         return report
 
     if job["kind"] == "tests":
-        return run_tests(job, trusted_fd, report_fd, report_factory)
+        return run_tests(job, trusted_fd, report_fd, report_factory, after_fork)
     trusted = json.loads(_read_all(trusted_fd))
     os.close(trusted_fd)
     if job["kind"] == "io":
@@ -255,9 +260,11 @@ def flush_and_exit(code: int) -> None:
     os._exit(code)
 
 
-if __name__ == "__main__":  # exec path: job on fd 3, trusted part on fd 4, report to fd 5
+if __name__ == "__main__":  # exec path: argv = job fd, trusted fd, report fd (default 3 4 5)
+    job_fd, trusted_fd, report_fd = (int(x) for x in (sys.argv[1:4] or (3, 4, 5)))
     code = 70
     try:
-        code = main(json.loads(_read_all(3)), trusted_fd=4, report_fd=5)
-    finally:
-        flush_and_exit(code)
+        code = main(json.loads(_read_all(job_fd)), trusted_fd=trusted_fd, report_fd=report_fd)
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+    flush_and_exit(code)

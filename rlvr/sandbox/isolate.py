@@ -28,9 +28,11 @@ class Plan:
     drop_caps: bool = False  # inside a user namespace: keep the uid, lose the capabilities
     pid_namespace: bool = False  # each run is pid 1 of a fresh pid namespace
     landlock_abi: int = 0
-    seccomp_filter: object = None
+    seccomp_bpf: bytes | None = None  # compiled once per worker
     read_only: list[str] = field(default_factory=list)
     read_write: list[str] = field(default_factory=lambda: ["/dev/null"])
+    runs_root: str | None = None  # fresh workspaces live under here ...
+    runs_ruleset: int | None = None  # ... and this landlock ruleset (built once) covers them
 
 
 def python_paths() -> list[str]:
@@ -64,12 +66,13 @@ def enter(plan: Plan, workdir: str, limits: dict, keep_fds: list[int],
         kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     os.chdir(workdir)
-    for fd in range(3, _max_fd()):
-        if fd not in keep_fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+    keep = set(keep_fds) | ({plan.runs_ruleset} if plan.runs_ruleset is not None else set())
+    low = 3
+    for fd in sorted(keep):  # close_range(2) around the fds we keep
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+    os.closerange(low, 1 << 20)
     set_limits(limits)  # NPROC is checked against the uid we are about to become
     if plan.uid is not None:
         os.setgroups([])
@@ -78,34 +81,42 @@ def enter(plan: Plan, workdir: str, limits: dict, keep_fds: list[int],
     elif plan.drop_caps:
         kernel.drop_capabilities()
     if landlock and plan.landlock_abi:
-        kernel.landlock_restrict(plan.read_only, [workdir, *plan.read_write], plan.landlock_abi)
+        if plan.runs_ruleset is not None and _is_under(workdir, plan.runs_root):
+            kernel.landlock_apply(plan.runs_ruleset)
+        else:
+            kernel.landlock_restrict(plan.read_only, [workdir, *plan.read_write], plan.landlock_abi)
     elif kernel.LINUX:
         kernel.prctl(kernel.PR_SET_NO_NEW_PRIVS, 1)
-    if filter_syscalls and plan.seccomp_filter is not None:
-        plan.seccomp_filter.load()
+    if plan.runs_ruleset is not None:
+        os.close(plan.runs_ruleset)
+    if filter_syscalls and plan.seccomp_bpf is not None:
+        kernel.seccomp_load_bpf(plan.seccomp_bpf)
 
 
-def _max_fd() -> int:
-    try:
-        return max(int(x) for x in os.listdir("/proc/self/fd")) + 1
-    except (OSError, ValueError):
-        return 1024
+def _is_under(path: str, root: str | None) -> bool:
+    return root is not None and os.path.realpath(path).startswith(os.path.realpath(root) + os.sep)
 
 
-def build_plan(backend: str, uid: int | None) -> Plan:
+def build_plan(backend: str, uid: int | None, runs_root: str) -> Plan:
     """The isolation this worker applies to each run, given the backend it was started for."""
     abi = kernel.landlock_abi()
     strict = backend in ("forkserver", "forkserver-userns", "bwrap")
-    filt = seccomp.build_filter(deny_fork=not strict) if seccomp.available() else None
-    return Plan(
+    bpf = (seccomp.compile_bpf(seccomp.build_filter(deny_fork=not strict))
+           if seccomp.available() else None)
+    plan = Plan(
         backend=backend,
         uid=uid if backend in ("forkserver", "bwrap") else None,
         drop_caps=backend == "forkserver-userns",
         pid_namespace=strict,
         landlock_abi=abi,
-        seccomp_filter=filt,
+        seccomp_bpf=bpf,
         read_only=SYSTEM_READ_ONLY + python_paths(),
+        runs_root=runs_root,
     )
+    if abi:
+        plan.runs_ruleset = kernel.landlock_ruleset(plan.read_only, [runs_root, *plan.read_write],
+                                                    abi)
+    return plan
 
 
 def expose_paths(paths: list[str]) -> None:

@@ -186,14 +186,29 @@ def _handled_fs(abi: int) -> int:
     return rights
 
 
-def landlock_restrict(read_only: list[str], read_write: list[str], abi: int,
-                      deny_tcp: bool = True, scope: bool = True) -> None:
-    """Restrict this process (and its future children) to the given paths.
+def landlock_restrict(read_only: list[str], read_write: list[str], abi: int) -> None:
+    """Restrict this process (and its future children) to the given paths (see ``landlock_ruleset``)."""
+    ruleset = landlock_ruleset(read_only, read_write, abi)
+    try:
+        landlock_apply(ruleset)
+    finally:
+        os.close(ruleset)
+
+
+def landlock_apply(ruleset: int) -> None:
+    """Enforce a ruleset on this process; rulesets are reusable, so a worker builds one once."""
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    _syscall("landlock_restrict_self", ctypes.c_int(ruleset), ctypes.c_uint32(0))
+
+
+def landlock_ruleset(read_only: list[str], read_write: list[str], abi: int,
+                     deny_tcp: bool = True, scope: bool = True) -> int:
+    """A ruleset fd allowing only the given paths.
 
     Everything not listed is denied for every handled right: no reads, writes or executions
     elsewhere. With ABI >= 4 all TCP bind/connect is denied; with ABI >= 6 signals and abstract
     unix sockets cannot reach processes outside this domain. Paths that do not exist are skipped.
-    Requires ``no_new_privs`` (set here) unless the caller holds CAP_SYS_ADMIN.
+    Rules attach to the inodes the paths name now.
     """
     handled = _handled_fs(abi)
     attr = _RulesetAttr(handled, 0, 0)
@@ -222,10 +237,24 @@ def landlock_restrict(read_only: list[str], read_write: list[str], abi: int,
                              ctypes.byref(rule), ctypes.c_uint32(0))
                 finally:
                     os.close(fd)
-        prctl(PR_SET_NO_NEW_PRIVS, 1)
-        _syscall("landlock_restrict_self", ctypes.c_int(ruleset), ctypes.c_uint32(0))
-    finally:
+    except BaseException:
         os.close(ruleset)
+        raise
+    return ruleset
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def seccomp_load_bpf(program: bytes) -> None:
+    """Install a compiled classic-BPF seccomp program (8 bytes per instruction)."""
+    PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    _check(_libc.prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER),
+                       ctypes.byref(prog), ctypes.c_ulong(0), ctypes.c_ulong(0)), "seccomp")
 
 
 # ---- probes --------------------------------------------------------------------------------

@@ -32,18 +32,16 @@ from rlvr.sandbox.audit import AuditLog
 from rlvr.sandbox.types import ExecResult, Job
 
 UID_BASE, UID_COUNT = 61000, 1000
-WORKER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+WORKER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "LANG": "C.UTF-8",
               "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def _shm_root() -> str:
     root = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    path = os.path.join(root, "rlvr-sandbox")
+    uid = os.geteuid()
+    path = os.path.join(root, "rlvr-sandbox" if uid == 0 else f"rlvr-sandbox-{uid}")
     os.makedirs(path, exist_ok=True)
-    try:
-        os.chmod(path, 0o711 if os.geteuid() == 0 else 0o700)
-    except PermissionError:
-        pass
+    os.chmod(path, 0o711 if uid == 0 else 0o700)
     return path
 
 

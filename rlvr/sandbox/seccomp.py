@@ -11,6 +11,7 @@ tear a process tree down) also refuses every new process; threads still work.
 from __future__ import annotations
 
 import errno
+import os
 
 from rlvr.sandbox import kernel
 
@@ -57,3 +58,18 @@ def build_filter(deny_fork: bool = False):
         f.add_rule(_sc.ERRNO(errno.EAGAIN), "clone",
                    _sc.Arg(0, _sc.MASKED_EQ, kernel.CLONE_THREAD, 0))
     return f
+
+
+def compile_bpf(filt) -> bytes:
+    """The filter as raw BPF, so each run installs it with one prctl (``kernel.seccomp_load_bpf``)."""
+    fd = os.memfd_create("rlvr-seccomp")
+    try:
+        with os.fdopen(os.dup(fd), "wb") as f:
+            filt.export_bpf(f)
+        os.lseek(fd, 0, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

@@ -16,6 +16,7 @@ so a later run's fork of this worker cannot find it in memory.
 from __future__ import annotations
 
 import collections
+import gc
 import fcntl
 import hashlib
 import json
@@ -99,8 +100,8 @@ class Capture:
 # ---- the worker ----------------------------------------------------------------------------
 
 class Worker:
-    def __init__(self, cfg: dict):
-        self.cfg = cfg
+    def __init__(self, cfg: dict, req: int, resp: int):
+        self.cfg, self.req, self.resp = cfg, req, resp
         self.backend = cfg["backend"]
         self.base = cfg["base"]
         self.counter = 0
@@ -108,7 +109,6 @@ class Worker:
         self._setup()
 
     def _setup(self) -> None:
-        self.req, self.resp = os.dup(0), os.dup(1)
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(null, 1)
@@ -126,12 +126,17 @@ class Worker:
             kernel.unshare(kernel.CLONE_NEWUSER | kernel.CLONE_NEWNS | kernel.CLONE_NEWNET)
             kernel.write_id_maps(0, real_uid, 0, real_gid)
             kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
-        self.plan = isolate.build_plan(self.backend, uid)
+        os.makedirs(self.base, mode=0o711, exist_ok=True)
+        self.plan = isolate.build_plan(self.backend, uid, self.base)
+        if self.backend != "weak" and not (self.plan.seccomp_bpf and self.plan.landlock_abi):
+            raise RuntimeError(f"backend {self.backend} needs seccomp and landlock: "
+                               f"seccomp={bool(self.plan.seccomp_bpf)} "
+                               f"landlock_abi={self.plan.landlock_abi}")
         if self.plan.pid_namespace and self.backend != "forkserver-userns":
             self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-        os.makedirs(self.base, mode=0o711, exist_ok=True)
         for name in PRELOAD:
             __import__(name)
+        gc.freeze()  # keep the preloaded heap out of the runs' collections (fewer copied pages)
 
     # -- workspace --
 
@@ -170,12 +175,10 @@ class Worker:
             hashes = {p: _hash(_inside(ws, p)) for p in job.get("protected", [])}
         except (OSError, ValueError) as e:
             return {"status": "error", "error": f"workspace: {e}", "duration_s": 0.0}
-        pipes = {name: os.pipe() for name in ("out", "err", "rep", "trusted", "stdin", "job")}
-        use_bwrap = self.backend == "bwrap"
+        pipes = {name: os.pipe() for name in ("out", "err", "rep", "trusted", "stdin")}
         try:
             _fill(pipes["trusted"], trusted)
             _fill(pipes["stdin"], job.get("stdin", "").encode())
-            _fill(pipes["job"], json.dumps(job).encode() if use_bwrap else b"")
         except OSError as e:
             for r, w in pipes.values():
                 _close(r, w)
@@ -191,7 +194,7 @@ class Worker:
             kernel.setns(self.own_pidns, kernel.CLONE_NEWPID)
         for name, (r, w) in pipes.items():
             os.close(w)
-            if name in ("trusted", "stdin", "job"):
+            if name in ("trusted", "stdin"):
                 os.close(r)
         out = self._collect(pid, pipes, limits, t0)
         out["tampered"] = [p for p, h in hashes.items() if _hash(_inside(ws, p)) != h]
@@ -203,42 +206,45 @@ class Worker:
 
     def _child(self, job: dict, ws: str, pipes: dict) -> None:
         code = 70
+        bwrap = self.backend == "bwrap" and job["kind"] == "command"
         try:
+            for name, (r, w) in pipes.items():  # the worker's ends, never the run's
+                os.close(w if name in ("trusted", "stdin") else r)
             os.dup2(pipes["stdin"][0], 0)
             os.dup2(pipes["out"][1], 1)
             os.dup2(pipes["err"][1], 2)
             if self.plan.pid_namespace and self.own_pidns is None:
                 _relay_into_new_pid_namespace()
-            bwrap = self.backend == "bwrap"
-            keep = [pipes["rep"][1], pipes["trusted"][0], pipes["job"][0]]
+            keep = [pipes["rep"][1], pipes["trusted"][0]]
+            # The weak backend forbids new processes, so a tests job filters after its split.
+            split_first = not self.plan.pid_namespace and job["kind"] == "tests"
             isolate.enter(self.plan, ws, job["limits"], keep, landlock=not bwrap,
-                          filter_syscalls=not bwrap)
+                          filter_syscalls=not (bwrap or split_first))
         except BaseException:  # noqa: BLE001 - never run untrusted code half-isolated
             os.write(2, f"{SETUP_FAILED}: {traceback.format_exc()}".encode())
             harness.flush_and_exit(70)
         try:
-            if job["kind"] == "command" or bwrap:
-                self._exec(job, ws, pipes)
-            code = harness.main(job, trusted_fd=pipes["trusted"][0], report_fd=pipes["rep"][1])
+            if job["kind"] == "command":
+                self._exec(job, ws, bwrap)
+            after_fork = (lambda: kernel.seccomp_load_bpf(self.plan.seccomp_bpf)) \
+                if split_first and self.plan.seccomp_bpf else (lambda: None)
+            code = harness.main(job, trusted_fd=pipes["trusted"][0], report_fd=pipes["rep"][1],
+                                after_fork=after_fork)
         except BaseException:  # noqa: BLE001
             traceback.print_exc()
         harness.flush_and_exit(code)
 
-    def _exec(self, job: dict, ws: str, pipes: dict) -> None:
-        from rlvr.sandbox import bwrap
-
+    def _exec(self, job: dict, ws: str, bwrap: bool) -> None:
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": ws, "TMPDIR": ws,
                "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", **job.get("env", {})}
-        if job["kind"] == "command":
-            argv = list(job["argv"])
-            if argv and argv[0] in ("python", "python3"):
-                argv[0] = sys.executable
-        else:  # bwrap running the harness in a fresh interpreter
-            _arrange_fds({3: pipes["job"][0], 4: pipes["trusted"][0], 5: pipes["rep"][1]})
-            argv = harness_argv()
-        if self.backend == "bwrap":
-            argv = bwrap.wrap(self.cfg["bwrap"], argv, ws, job.get("protected", []),
-                              isolate.SYSTEM_READ_ONLY + isolate.python_paths(), env)
+        argv = list(job["argv"])
+        if argv and argv[0] in ("python", "python3"):
+            argv[0] = sys.executable  # the interpreter rlvr runs on, with its packages
+        if bwrap:
+            from rlvr.sandbox import bwrap as bw
+
+            argv = bw.wrap(self.cfg["bwrap"], argv, ws, job.get("protected", []),
+                           isolate.SYSTEM_READ_ONLY + isolate.python_paths(), env)
             env = {}
         path = shutil.which(argv[0], path=env.get("PATH", "/usr/bin:/bin")) or argv[0]
         os.execve(path, argv, env)
@@ -322,11 +328,12 @@ class Worker:
             write_frame(self.resp, json.dumps(result).encode())
 
 
-def harness_argv() -> list[str]:
+def harness_argv(fds: tuple[int, int, int] = (3, 4, 5)) -> list[str]:
+    """A fresh interpreter running the harness on (job, trusted, report) fds."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     boot = (f"import sys; sys.path.insert(0, {root!r}); import runpy; "
             "runpy.run_module('rlvr.sandbox.harness', run_name='__main__')")
-    return [sys.executable, "-I", "-c", boot]
+    return [sys.executable, "-I", "-c", boot, *map(str, fds)]
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -361,14 +368,6 @@ def _close(*fds: int) -> None:
             os.close(fd)
         except OSError:
             pass
-
-
-def _arrange_fds(targets: dict[int, int]) -> None:
-    """dup2 sources onto target fd numbers without clobbering a source on the way."""
-    high = {t: os.dup(s) for t, s in targets.items()}
-    for t, s in high.items():
-        os.dup2(s, t, inheritable=True)
-        os.close(s)
 
 
 def _relay_into_new_pid_namespace() -> None:
@@ -424,15 +423,15 @@ def _remove_tree(path: str) -> None:
 
 def main() -> None:
     cfg = json.loads(sys.argv[1])
+    req, resp = os.dup(0), os.dup(1)
     try:
-        worker = Worker(cfg)
+        worker = Worker(cfg, req, resp)
     except BaseException:  # noqa: BLE001 - tell the pool why, then stop
-        sys.stderr.write(traceback.format_exc())
-        write_frame(1, json.dumps({"ready": False, "error": traceback.format_exc()}).encode())
+        write_frame(resp, json.dumps({"ready": False, "error": traceback.format_exc()}).encode())
         sys.exit(1)
     write_frame(worker.resp, json.dumps({"ready": True, "backend": worker.backend,
                                          "landlock_abi": worker.plan.landlock_abi,
-                                         "seccomp": worker.plan.seccomp_filter is not None,
+                                         "seccomp": worker.plan.seccomp_bpf is not None,
                                          "uid": worker.plan.uid}).encode())
     worker.serve()
 
