@@ -327,3 +327,19 @@ def test_user_namespace_backend_as_a_non_root_user():
     assert out["read"]["exit"] != 0 and "root:" not in out["read"]["stdout"]
     assert out["write"]["exit"] != 0 and not escaped
     assert out["fork"]["exit"] == 0
+
+
+def test_runs_refuse_the_weak_backend_unless_allowed(tmp_path):
+    from rlvr.sandbox.config import SandboxConfig, open_sandbox
+
+    with pytest.raises(UserError, match="allow_weak"):
+        open_sandbox(SandboxConfig(backend="weak"), tmp_path)
+    printed = []
+    with open_sandbox(SandboxConfig(backend="weak", allow_weak=True, workers=1), tmp_path,
+                      warn=printed.append) as box:
+        assert box.name == "weak"
+        assert box.run(Job.io(ADD, "add", [(2, 2)])).compare([4]) == 1
+        # the weak backend's own defence: no new processes
+        assert box.run(Job.run_program("import os; os.fork()")).exit_code == 1
+    assert printed and "does not" in printed[0]
+    assert (tmp_path / "sandbox_audit.jsonl").exists()

@@ -88,6 +88,7 @@ class Domain:
     name: str = ""
     version: str = "v1"
     levels: tuple[int, ...] = (1, 2, 3, 4)
+    needs_sandbox: bool = False  # its verifier executes model output (the trainer opens a sandbox)
 
     def sample(self, level: int, rng: random.Random) -> Problem:
         """Draw one candidate problem of ``level``; may land in either split."""

@@ -34,7 +34,8 @@ from rlvr.monitor.metrics import MetricsLogger
 from rlvr.rewards import RewardConfig, score
 from rlvr.rollout.collect import collect
 from rlvr.rollout.engine import SamplingParams, sequence_logprobs
-from rlvr.tasks.base import generate_tasks
+from rlvr.sandbox.config import SandboxConfig, open_sandbox
+from rlvr.tasks.base import DOMAINS, generate_tasks
 from rlvr.train.batching import collate, select
 from rlvr.train.common import (OptimConfig, Timer, build_optimizer, clip_and_step, prepare_run_dir,
                                restore_training_state, seed_everything, training_state)
@@ -119,6 +120,8 @@ class GRPOConfig:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4, warmup_steps=5))
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """Where model-written code runs; opened only when a domain's verifier executes code."""
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(tasks=100))
     """Periodic eval suite (eval split)."""
     eval_every: int = 0
@@ -166,6 +169,8 @@ def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) ->
                 checkpoint(run, cfg)
             bar.update(job, advance=1, description=f"grpo reward {metrics['rollout/reward_mean']:.2f}")
     run.logger.close()
+    if run.sandbox is not None:
+        run.sandbox.close()
     save_model_dir(run.dir / "final", run.model, run.tokenizer)
     return {"steps": cfg.steps, "seconds": time.perf_counter() - run.started}
 
@@ -189,6 +194,7 @@ class Run:
     logger: MetricsLogger
     step: int
     started: float
+    sandbox: object | None = None  # rlvr.sandbox.Sandbox when a domain executes model code
 
 
 def setup(cfg: GRPOConfig, resume: bool) -> Run:
@@ -212,8 +218,10 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
         pool.load_state_dict(state["pool"])
         step = state["step"]
     logger = MetricsLogger(run_dir, resume_step=step if resume else None)
+    needs_sandbox = any(getattr(DOMAINS.get(d), "needs_sandbox", False) for d in cfg.domains)
+    sandbox = open_sandbox(cfg.sandbox, run_dir) if needs_sandbox else None
     return Run(cfg, run_dir, model, tokenizer, ref_model, optimizer, scheduler, pool, generator, logger, step,
-               time.perf_counter())
+               time.perf_counter(), sandbox)
 
 
 def rollout(run: Run, tasks: list[Task], policy_version: int) -> list[Trajectory]:

@@ -24,6 +24,7 @@ from rlvr.eval.evaluate import EvalConfig, evaluate
 from rlvr.eval import plots
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.monitor.metrics import read_metrics
+from rlvr.sandbox.config import SandboxConfig
 from rlvr.tasks.base import check_disjoint, generate_tasks
 from rlvr.train.grpo import GRPOConfig, run_grpo
 from rlvr.train.pretrain import PretrainConfig, run_pretrain
@@ -39,8 +40,10 @@ class QuickstartConfig:
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=20))
     """A deliberately short SFT (640 demonstrations): the model adopts the chat format but uses
     only part of what the prior knows (about 33% pass@1), leaving RL real headroom."""
-    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=150))
-    """GRPO on the same domains and levels (150 steps x 16 tasks x 8 samples)."""
+    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(
+        steps=150, sandbox=SandboxConfig(allow_weak=True)))
+    """GRPO on the same domains and levels (150 steps x 16 tasks x 8 samples). The quickstart
+    accepts the weak sandbox (with a printed warning) so it runs on any laptop."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """The held-out suite evaluated before and after RL."""
 
