@@ -36,11 +36,13 @@ class Plan:
 
 
 def python_paths() -> list[str]:
-    """Where the interpreter and its packages live (readable by sandboxed code)."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)}
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    paths.add(here)  # the directory holding the rlvr package (the exec-path harness imports it)
-    return sorted(paths)
+    """Where the interpreter and its packages live (readable by sandboxed code).
+
+    Not the directory rlvr itself is in: a checkout also holds run directories (tasks, hidden
+    tests, checkpoints) that model-written code must not read. Workers import rlvr before any
+    run, so the runs never need its files.
+    """
+    return sorted({sys.prefix, sys.base_prefix, sys.exec_prefix})
 
 
 def set_limits(limits: dict) -> None:
