@@ -296,7 +296,7 @@ def test_user_namespace_backend_as_a_non_root_user():
 
     uid = 61990
     tmp_path = pathlib.Path(tempfile.mkdtemp(prefix="rlvr-userns-"))  # pytest's tmp is mode 700
-    request_cleanup = lambda: shutil.rmtree(tmp_path, ignore_errors=True)  # noqa: E731
+    request_cleanup = lambda: shutil.rmtree(tmp_path, ignore_errors=True)
     home = tmp_path / "u"
     home.mkdir()
     os.chown(home, uid, uid)

@@ -195,4 +195,4 @@ def run_from_args(args) -> int:
     return 0
 
 
-__all__ = ["run_bench", "format_report", "main", "plaindata"]
+__all__ = ["format_report", "main", "plaindata", "run_bench"]

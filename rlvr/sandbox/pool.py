@@ -19,6 +19,7 @@ import json
 import os
 import queue
 import secrets
+import stat
 import struct
 import subprocess
 import sys
@@ -40,7 +41,13 @@ def _shm_root() -> str:
     root = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     uid = os.geteuid()
     path = os.path.join(root, "rlvr-sandbox" if uid == 0 else f"rlvr-sandbox-{uid}")
-    os.makedirs(path, exist_ok=True)
+    try:
+        os.mkdir(path, 0o711 if uid == 0 else 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)  # in a world-writable directory: must be ours, and not a symlink
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+        raise UserError(f"{path} exists but is not a directory owned by uid {uid}; remove it")
     os.chmod(path, 0o711 if uid == 0 else 0o700)
     return path
 
@@ -205,7 +212,7 @@ class Sandbox:
         if self.audit:
             self.audit.close()
 
-    def __enter__(self) -> "Sandbox":
+    def __enter__(self) -> Sandbox:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -62,20 +62,20 @@ class Job:
     task_id: str = ""
 
     @classmethod
-    def io(cls, program: str, entry_point: str, inputs, **kw) -> "Job":
+    def io(cls, program: str, entry_point: str, inputs, **kw) -> Job:
         return cls(kind="io", program=program, entry_point=entry_point,
                    inputs=tuple(tuple(a) for a in inputs), **kw)
 
     @classmethod
-    def with_tests(cls, program: str, tests: str, entry_point: str, **kw) -> "Job":
+    def with_tests(cls, program: str, tests: str, entry_point: str, **kw) -> Job:
         return cls(kind="tests", program=program, tests=tests, entry_point=entry_point, **kw)
 
     @classmethod
-    def run_program(cls, program: str, stdin: str = "", **kw) -> "Job":
+    def run_program(cls, program: str, stdin: str = "", **kw) -> Job:
         return cls(kind="program", program=program, stdin=stdin, **kw)
 
     @classmethod
-    def command(cls, argv, **kw) -> "Job":
+    def command(cls, argv, **kw) -> Job:
         return cls(kind="command", argv=tuple(argv), **kw)
 
     def untrusted_part(self) -> dict[str, Any]:

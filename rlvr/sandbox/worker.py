@@ -16,8 +16,8 @@ so a later run's fork of this worker cannot find it in memory.
 from __future__ import annotations
 
 import collections
-import gc
 import fcntl
+import gc
 import hashlib
 import json
 import os
@@ -226,6 +226,7 @@ class Worker:
         try:
             if job["kind"] == "command":
                 self._exec(job, ws, bwrap)
+            os.environ.update(job.get("env", {}))
             after_fork = (lambda: kernel.seccomp_load_bpf(self.plan.seccomp_bpf)) \
                 if split_first and self.plan.seccomp_bpf else (lambda: None)
             code = harness.main(job, trusted_fd=pipes["trusted"][0], report_fd=pipes["rep"][1],
@@ -346,6 +347,9 @@ def _inside(ws: str, rel: str) -> str:
 
 
 def _hash(path: str) -> str | None:
+    """sha256 of a protected file; None (so: tampered) if it is gone or reached via a symlink."""
+    if os.path.realpath(path) != path:
+        return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -355,7 +359,7 @@ def _hash(path: str) -> str | None:
 
 
 def _fill(pipe: tuple[int, int], data) -> None:
-    r, w = pipe
+    _, w = pipe
     if len(data) > 60_000:
         fcntl.fcntl(w, F_SETPIPE_SZ, min(1 << 20, len(data) + 4096))
     if data:

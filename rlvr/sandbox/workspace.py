@@ -1,4 +1,4 @@
-"""A directory for multi-step environments that snaps back to a snapshot in well under 1 ms.
+"""A directory for multi-step environments, put back to its snapshot in about a millisecond.
 
     with Workspace.create({"src/app.py": code, "tests/test_app.py": tests}) as ws:
         for episode in episodes:
@@ -8,8 +8,9 @@
             ws.diff()                                             # {"added": [...], ...}
             ws.restore()                                          # back to the snapshot
 
-Design. The snapshot lives in this process's memory, never on disk: for each directory its
-mode and owner, for each regular file its bytes, mode and owner. Next to it is a manifest of
+Design. The snapshot lives in this process's memory, not in a pristine copy on disk (no second
+tree to keep out of the sandbox's reach, and restoring a file is one write): for each directory
+its mode and owner, for each regular file its bytes, mode and owner. Next to it is a manifest of
 the workspace as it was right after the last ``create``/``snapshot``/``restore``: for each file
 ``(inode, size, mtime, ctime, mode, uid, gid, nlink)``. ``restore`` walks the tree with
 ``scandir`` on directory fds (one ``fstatat(AT_SYMLINK_NOFOLLOW)`` per entry) and keeps an entry
@@ -26,10 +27,11 @@ whose ctime is within two ticks of the manifest are "racy" and get their content
 too, as git does for its index.
 ``snapshot`` re-reads only files whose stat changed since the manifest was taken.
 
-Cost (50 files of ~1.2 KB on tmpfs, 2 cores; ``benchmarks/sandbox_snapshot.py``): a restore is
-one walk (about 3 us per entry) plus about 25 us per entry it repairs: roughly 0.2 ms when one
-file changed, 1.5 ms when all 50 did, against 5-6 ms for ``rmtree`` + ``copytree``. Memory:
-one copy of the snapshot's bytes.
+Cost (``benchmarks/sandbox_snapshot.py``: 50 files of ~1.2 KB in 9 directories on tmpfs, a
+2-core VM where a syscall costs 1-3 us): a restore is one walk, about 0.6 ms, plus about 30 us
+per entry it rewrites: 0.6 ms when one file changed, 2.2 ms when all 50 did, against 7 ms for
+``rmtree`` + ``copytree``. ``snapshot`` costs a walk plus a read per changed file. Memory: one
+copy of the snapshot's bytes.
 
 What it guarantees:
 
@@ -43,9 +45,9 @@ What it guarantees:
   by component from a directory fd held since ``create`` (``openat`` with ``O_NOFOLLOW``,
   ``O_DIRECTORY``), absolute paths and ``..`` are refused, files are opened only after
   ``lstat`` says they are regular (never a fifo or device) and ``write`` replaces a non-regular
-  or hard-linked entry instead of writing through it. Walks hold one directory fd at a time and
-  return with ``..`` checked against the inode they came from, so a tree of any depth is
-  removed. No setuid/setgid bit is ever written.
+  or hard-linked entry instead of writing through it. Walks keep at most 32 parent directory fds
+  open and, deeper, go back up with ``..`` checked against the inode they came from, so a tree
+  of any depth is removed. No setuid/setgid bit is ever written.
 - Only regular files and directories are part of a snapshot; anything else found by
   ``snapshot()`` is left out (and removed by the next ``restore()``).
 
@@ -53,8 +55,10 @@ Permissions: the workspace and its directories are ``0o1777`` (the sandbox's per
 add files, and cannot remove or rename ours), files ``0o644`` owned by the caller, or ``0o666``
 with ``writable=True`` so the sandboxed code can edit them in place (tools that replace files by
 renaming still cannot). Pass tests as ``Job(protected=...)`` (hash-checked by the worker), or
-write them with ``mode=0o444``. The default location is ``/dev/shm/rlvr-sandbox/ws``; a
-``root`` of your own must be traversable by the sandbox's uid.
+write them with ``mode=0o444`` (then the sandbox can neither edit nor remove them). The default
+location is ``/dev/shm/rlvr-sandbox/ws`` (``rlvr-sandbox-<uid>`` if another user owns that); a
+``root`` of your own must be traversable by the sandbox's uid. ``close()``, the ``with`` block,
+garbage collection or interpreter exit removes the directory.
 
 Not guaranteed: anything while untrusted code runs concurrently with these calls (the weak
 backend leaves no pid namespace to kill stragglers), a wall clock stepped backwards between a
@@ -70,13 +74,18 @@ import stat
 import tempfile
 import time
 import weakref
-from typing import Callable, NamedTuple, Union
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 DIR_MODE = 0o1777
 FILE_MODE = 0o644
 WRITABLE_FILE_MODE = 0o666
-RACY_NS = 50_000_000  # a ctime this close to when the manifest was taken gets a content check
+COARSE_CLOCK = 5  # CLOCK_REALTIME_COARSE: the clock ctime comes from without multigrain stamps
 MAX_DEPTH = 256  # snapshot/list/diff refuse deeper trees (restore/close remove any depth)
+_HOLD = 32  # walks keep this many levels of parent directory fds open
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -98,26 +107,27 @@ class _Dir(NamedTuple):
     gid: int
 
 
-_Node = Union[_File, _Dir]
+_Node = _File | _Dir
 
 
 class Workspace:
     """A directory on tmpfs with a snapshot to restore. Build it with ``Workspace.create``."""
 
-    def __init__(self, path: str, fd: int, file_mode: int):
+    def __init__(self, path: str, fd: int, file_mode: int, racy_ns: int):
         self._path, self._fd, self._file_mode = path, fd, file_mode
+        self._racy_ns = racy_ns  # 0: ctime is fine-grained after a stat, nothing is racy
         self._euid, self._egid = os.geteuid(), os.getegid()
         self._dirs: dict[str, _Dir] = {}  # dir rel ("" = the root) -> its mode and owner
         self._tree: dict[str, dict[str, _Node]] = {}  # dir rel -> name -> what belongs there
         self._manifest: dict[str, _Key] = {}  # file rel -> stat key after the last walk
         self._racy: set[str] = set()
-        self._finalizer = weakref.finalize(self, _cleanup, path, fd)
+        self._finalizer = weakref.finalize(self, _cleanup, path, fd, os.getpid())
 
     # -- construction ----------------------------------------------------------------------
 
     @classmethod
     def create(cls, files: dict[str, str | bytes], root: str | None = None, *,
-               writable: bool = False) -> "Workspace":
+               writable: bool = False) -> Workspace:
         """Write ``files`` (relative path -> text or bytes) into a new directory under ``root``
         and take the initial snapshot. ``writable``: files 0o666 instead of 0o644."""
         euid, egid = os.geteuid(), os.getegid()
@@ -140,9 +150,11 @@ class Workspace:
             if parts[-1] in tree[d]:
                 raise ValueError(f"{rel!r} is also a directory")
             tree[d][parts[-1]] = _File(data, mode, euid, egid)
-        path = tempfile.mkdtemp(prefix="ws-", dir=_base_dir(root))
+        base = _base_dir(root)
+        racy_ns = _racy_window(base)
+        path = tempfile.mkdtemp(prefix="ws-", dir=base)
         fd = os.open(path, _DIR)
-        ws = cls(path, fd, mode)
+        ws = cls(path, fd, mode, racy_ns)
         ws._dirs, ws._tree = dirs, tree
         try:
             ws.restore()
@@ -159,7 +171,7 @@ class Workspace:
         state = "open" if self._finalizer.alive else "closed"
         return f"Workspace({self._path!r}, {state})"
 
-    def __enter__(self) -> "Workspace":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -234,7 +246,7 @@ class Workspace:
         """Sorted relative paths of the regular files in the workspace now."""
         out: list[str] = []
 
-        def visit(fd: int, rel: str) -> list[str]:
+        def visit(fd: int, rel: str, dst: os.stat_result) -> list[str]:
             _check_depth(rel)
             prefix, subdirs = _prefix(rel), []
             with os.scandir(fd) as it:
@@ -261,10 +273,10 @@ class Workspace:
         manifest: dict[str, _Key] = {}
         racy: set[str] = set()
 
-        def visit(fd: int, rel: str) -> list[str]:
+        def visit(fd: int, rel: str, dst: os.stat_result) -> list[str]:
             _check_depth(rel)
             if rel == "":
-                dirs[""] = _dir_of(os.fstat(fd))
+                dirs[""] = _dir_of(dst)
             old, children, prefix, subdirs = self._tree.get(rel, {}), {}, _prefix(rel), []
             tree[rel] = children
             with os.scandir(fd) as it:
@@ -284,7 +296,7 @@ class Workspace:
                     rec = children[name] = _File(data, key[4] & 0o777, key[5], key[6])
                     if stat.S_IMODE(key[4]) == rec.mode:  # else restore rewrites it without
                         manifest[crel] = key              # its setuid/setgid/sticky bits
-                        if key[3] >= t0 - RACY_NS:
+                        if self._racy_ns and key[3] >= t0 - self._racy_ns:
                             racy.add(crel)
             return subdirs
 
@@ -293,14 +305,16 @@ class Workspace:
 
     def restore(self) -> int:
         """Make the directory equal to the snapshot. Returns how many entries it had to fix
-        (removed, rewritten, recreated, or a directory's mode/owner reset); 0: untouched."""
+        (removed, rewritten or recreated, a directory's mode/owner reset); 0: untouched."""
         self._check_open()
         t0 = time.time_ns()
         racy: set[str] = set()
+        created: set[str] = set()  # directories made here: counted once, when made
         fixed = [0]
 
-        def visit(fd: int, rel: str) -> list[str]:
-            fixed[0] += self._fix_dir(fd, self._dirs[rel])
+        def visit(fd: int, rel: str, dst: os.stat_result) -> list[str]:
+            if self._fix_dir(fd, dst, self._dirs[rel]) and rel not in created:
+                fixed[0] += 1
             expected, prefix = self._tree[rel], _prefix(rel)
             keep: set[str] = set()
             subdirs: list[str] = []
@@ -313,7 +327,7 @@ class Workspace:
                     if self._manifest.get(crel) == key and (
                             crel not in self._racy or _holds(fd, name, want.data, key)):
                         keep.add(name)
-                        if key[3] >= t0 - RACY_NS:
+                        if self._racy_ns and key[3] >= t0 - self._racy_ns:
                             racy.add(crel)
                         continue
                 elif type(want) is _Dir and stat.S_ISDIR(st.st_mode):
@@ -321,17 +335,18 @@ class Workspace:
                     subdirs.append(name)
                     continue
                 _remove_at(fd, name, st)
-                fixed[0] += 1
+                fixed[0] += name not in expected  # else counted once, when recreated below
             for name, want in expected.items():
                 if name in keep:
                     continue
                 if type(want) is _File:
                     crel = prefix + name
                     key = self._manifest[crel] = self._create_file(fd, name, want)
-                    if key[3] >= t0 - RACY_NS:
+                    if self._racy_ns and key[3] >= t0 - self._racy_ns:
                         racy.add(crel)
                 else:
                     os.mkdir(name, 0o700, dir_fd=fd)  # mode and owner: set when visited
+                    created.add(prefix + name)
                     subdirs.append(name)
                 fixed[0] += 1
             return subdirs
@@ -349,7 +364,7 @@ class Workspace:
         modified: list[str] = []
         present: set[str] = set()
 
-        def visit(fd: int, rel: str) -> list[str]:
+        def visit(fd: int, rel: str, dst: os.stat_result) -> list[str]:
             _check_depth(rel)
             expected, prefix, subdirs = self._tree.get(rel, {}), _prefix(rel), []
             with os.scandir(fd) as it:
@@ -416,15 +431,15 @@ class Workspace:
             os.close(fd)
             raise
 
-    def _fix_dir(self, fd: int, want: _Dir) -> int:
-        st, n = os.fstat(fd), 0
-        if self._euid == 0 and (st.st_uid, st.st_gid) != (want.uid, want.gid):
+    def _fix_dir(self, fd: int, st: os.stat_result, want: _Dir) -> bool:
+        """Reset a directory's owner (as root) and mode; whether anything was off."""
+        chown = self._euid == 0 and (st.st_uid, st.st_gid) != (want.uid, want.gid)
+        if chown:
             os.fchown(fd, want.uid, want.gid)
-            n = 1
-        if stat.S_IMODE(st.st_mode) != want.mode or n:
-            os.fchmod(fd, want.mode)
-            n = 1
-        return n
+        if chown or stat.S_IMODE(st.st_mode) != want.mode:
+            os.fchmod(fd, want.mode)  # after fchown, which may clear setgid
+            return True
+        return False
 
     def _create_file(self, fd: int, name: str, want: _File) -> _Key:
         f = os.open(name, _CREATE, 0o600, dir_fd=fd)
@@ -445,21 +460,62 @@ def _base_dir(root: str | None) -> str:
         os.makedirs(root, exist_ok=True)
         return root
     top = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    path = top
-    mode = 0o711 if os.geteuid() == 0 else 0o700  # the sandbox uid only passes through
-    for name in ("rlvr-sandbox", "ws"):
-        path = os.path.join(path, name)
-        try:
-            os.mkdir(path, mode)
-        except FileExistsError:
-            pass
-        st = os.lstat(path)  # in a world-writable /dev/shm: someone else's, or a symlink?
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-            raise PermissionError(errno.EPERM, f"{path} is not a directory of this user; "
-                                  "refusing to put workspaces there")
-        if stat.S_IMODE(st.st_mode) != mode:
-            os.chmod(path, mode)
+    euid = os.geteuid()
+    mode = 0o711 if euid == 0 else 0o700  # the sandbox uid only passes through
+    path = _own_dir(os.path.join(top, "rlvr-sandbox"), mode)
+    if path is None:  # another user's (root ran a sandbox here before): one of our own
+        path = _own_dir(os.path.join(top, f"rlvr-sandbox-{euid}"), mode)
+    ws = _own_dir(os.path.join(path, "ws"), mode) if path else None
+    if ws is None:
+        raise PermissionError(errno.EPERM, f"no directory of this user for workspaces under "
+                              f"{top} (something else holds the name); pass root=")
+    return ws
+
+
+def _own_dir(path: str, mode: int) -> str | None:
+    """``path`` as a directory of this user with ``mode``; None if it is someone else's or
+    not a directory (a world-writable parent like /dev/shm lets anyone take the name)."""
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        return None
+    if stat.S_IMODE(st.st_mode) != mode:
+        os.chmod(path, mode)
     return path
+
+
+_RACY_WINDOWS: dict[int, int] = {}
+
+
+def _racy_window(directory: str) -> int:
+    """How recent (ns) a ctime must be, when a manifest is taken, for a later change to
+    possibly keep it: 0 where ctime is fine-grained once queried (multigrain timestamps: tmpfs
+    and ext4 from Linux 6.13), else two ticks of the coarse clock. Probed once per filesystem:
+    stat, write, stat again, five times; a coarse clock shows the same ctime (almost) always."""
+    dev = os.stat(directory).st_dev
+    if dev not in _RACY_WINDOWS:
+        try:
+            tick = int(time.clock_getres(COARSE_CLOCK) * 1e9)
+        except OSError:
+            tick = 10_000_000
+        window = max(2 * tick, 2_000_000)
+        fd, probe = tempfile.mkstemp(prefix=".ctime-probe-", dir=directory)
+        try:
+            for _ in range(5):
+                before = os.fstat(fd).st_ctime_ns
+                os.write(fd, b"x")
+                if os.fstat(fd).st_ctime_ns == before:
+                    break
+            else:
+                window = 0
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+        _RACY_WINDOWS[dev] = window
+    return _RACY_WINDOWS[dev]
 
 
 def _split(rel: str) -> list[str]:
@@ -558,46 +614,70 @@ def _ident(fd: int) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def _walk(root_fd: int, visit: Callable[[int, str], list[str]],
+class _Frame:
+    __slots__ = ("fd", "ident", "name", "pending", "rel")
+
+    def __init__(self, rel: str, name: str, st: os.stat_result):
+        self.rel, self.name, self.pending = rel, name, []
+        self.ident, self.fd = (st.st_dev, st.st_ino), -1
+
+
+def _walk(root_fd: int, visit: Callable[[int, str, os.stat_result], list[str]],
           leave: Callable[[int, str], None] | None = None, track: bool = True) -> None:
-    """Depth-first over the directory ``root_fd``: ``visit(fd, rel)`` for each directory (the
-    root first, rel ""), which returns the names of its subdirectories to enter; after one is
-    done, ``leave(parent_fd, name)``. Entered with ``O_NOFOLLOW``; one fd open at a time, going
-    up through ``..`` checked against the directory it came from, so any depth is fine.
-    ``track=False`` passes rel "" throughout (no quadratic path strings in deep trees)."""
+    """Depth-first over the directory ``root_fd``: ``visit(fd, rel, fstat)`` for each
+    directory (the root first, rel ""), which returns the names of its subdirectories to
+    enter; after one is done, ``leave(parent_fd, name)``. Entered with ``O_NOFOLLOW``. The
+    parents' fds stay open for the first ``_HOLD`` levels; deeper, only the current one is,
+    and the walk goes back up through ``..`` checked against the directory it came from, so
+    any depth is fine. ``track=False`` passes rel "" (no quadratic paths in deep trees)."""
     fd = os.open(".", _DIR, dir_fd=root_fd)
+    frames: list[_Frame] = []
     try:
-        frames = [("", "", visit(fd, ""), _ident(fd))]  # (rel, name, pending subdirs, ident)
+        st = os.fstat(fd)
+        frames.append(_Frame("", "", st))
+        frames[0].pending = visit(fd, "", st)
         while frames:
-            rel, _name, pending, _id = frames[-1]
-            if pending:
-                name = pending.pop()
+            top = frames[-1]
+            if top.pending:
+                name = top.pending.pop()
                 sub = _open_dir(fd, name)
-                os.close(fd)
+                if len(frames) < _HOLD:
+                    top.fd = fd
+                else:
+                    os.close(fd)
                 fd = sub
-                child = (_prefix(rel) + name) if track else ""
-                frames.append((child, name, visit(fd, child), _ident(fd)))
+                st = os.fstat(fd)
+                rel = _prefix(top.rel) + name if track else ""
+                frame = _Frame(rel, name, st)
+                frames.append(frame)
+                frame.pending = visit(fd, rel, st)
                 continue
-            _, name, _, _ = frames.pop()
+            frames.pop()
             if not frames:
-                return
-            up = os.open("..", _DIR, dir_fd=fd)
-            os.close(fd)
-            fd = up
-            if _ident(fd) != frames[-1][3]:
-                raise RuntimeError("workspace changed during a walk ('..' is not where it was)")
+                break
+            parent = frames[-1]
+            if parent.fd >= 0:
+                os.close(fd)
+                fd, parent.fd = parent.fd, -1
+            else:
+                up = os.open("..", _DIR, dir_fd=fd)
+                os.close(fd)
+                fd = up
+                if _ident(fd) != parent.ident:
+                    raise RuntimeError("workspace changed during a walk ('..' moved)")
             if leave is not None:
-                leave(fd, name)
+                leave(fd, top.name)
     finally:
         os.close(fd)
+        for frame in frames:
+            if frame.fd >= 0:
+                os.close(frame.fd)
 
 
-def _clear(fd: int, _rel: str) -> list[str]:
+def _clear(fd: int, _rel: str, st: os.stat_result) -> list[str]:
     """Unlink everything in ``fd`` but subdirectories; return those."""
-    if os.geteuid() != 0:
-        st = os.fstat(fd)
-        if st.st_uid == os.geteuid() and st.st_mode & 0o700 != 0o700:
-            os.fchmod(fd, 0o700)
+    if os.geteuid() != 0 and st.st_uid == os.geteuid() and st.st_mode & 0o700 != 0o700:
+        os.fchmod(fd, 0o700)  # not root: our own directory, chmod'ed by the run
     with os.scandir(fd) as it:
         entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
     subdirs = []
@@ -629,7 +709,9 @@ def _remove_at(dir_fd: int, name: str, st: os.stat_result) -> None:
         os.unlink(name, dir_fd=dir_fd)
 
 
-def _cleanup(path: str, fd: int) -> None:
+def _cleanup(path: str, fd: int, owner_pid: int) -> None:
+    if os.getpid() != owner_pid:  # a forked child exiting: the workspace is its parent's
+        return
     try:
         parent = os.open(os.path.dirname(path), _DIR)
         try:
