@@ -83,7 +83,8 @@ def choose(requested: str = "auto", caps: Capabilities | None = None) -> Backend
     linux_strict_base = caps.platform.startswith("linux") and caps.seccomp and caps.landlock_abi
     possible = {
         "forkserver": bool(linux_strict_base and caps.root),
-        "forkserver-userns": bool(linux_strict_base and caps.user_namespaces),
+        # as root the run would be uid 0 outside, which RLIMIT_NPROC ignores: use forkserver
+        "forkserver-userns": bool(linux_strict_base and caps.user_namespaces and not caps.root),
         "bwrap": bool(caps.root and caps.bwrap and caps.user_namespaces),
         "weak": True,
     }

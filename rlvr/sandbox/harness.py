@@ -82,6 +82,8 @@ class _Lines:
 
 
 def _load_candidate(program: str, name: str) -> dict:
+    if "" not in sys.path:
+        sys.path.insert(0, "")  # the candidate's own workspace modules (never in the tests' process)
     namespace = {"__name__": name, "__builtins__": builtins}
     exec(compile(program, "solution.py", "exec"), namespace)
     return namespace
@@ -197,6 +199,8 @@ def run_tests(job: dict, trusted_fd: int, report_fd: int, report_factory, after_
 
 def run_program(job: dict) -> int:
     sys.argv = ["main.py"]
+    if "" not in sys.path:
+        sys.path.insert(0, "")
     try:
         exec(compile(job["program"], "main.py", "exec"),
              {"__name__": "__main__", "__builtins__": builtins})

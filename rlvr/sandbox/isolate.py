@@ -115,7 +115,9 @@ def build_plan(backend: str, uid: int | None, runs_root: str) -> Plan:
         read_only=SYSTEM_READ_ONLY + python_paths(),
         runs_root=runs_root,
     )
-    if abi:
+    if abi and plan.uid is not None:
+        # Shared by every run of this worker: safe only where the runs root is not writable by
+        # the run's uid (root-owned, 0711), so a run can write nothing but its own workspace.
         plan.runs_ruleset = kernel.landlock_ruleset(plan.read_only, [runs_root, *plan.read_write],
                                                     abi)
     return plan
@@ -145,3 +147,19 @@ def expose_paths(paths: list[str]) -> None:
             os.makedirs(p, mode=0o755, exist_ok=True)
             kernel.move_mount(fd, p)
             os.close(fd)
+
+
+SOCKET_DIRS = ("/run", "/var/run")
+
+
+def hide_socket_dirs(keep: list[str]) -> None:
+    """In this (private) mount namespace, cover the directories where host daemons keep their
+    sockets with an empty read-only tmpfs (a second layer under seccomp's socket ban). A
+    directory holding one of ``keep`` (the interpreter, the workspaces) stays visible."""
+    for path in SOCKET_DIRS:
+        if not os.path.isdir(path) or os.path.islink(path):
+            continue
+        if any(_is_under(k, path) or os.path.realpath(k) == os.path.realpath(path) for k in keep):
+            continue
+        kernel.mount("tmpfs", path, "tmpfs",
+                     kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_RDONLY, "mode=755,size=4k")

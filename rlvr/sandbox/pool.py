@@ -19,6 +19,7 @@ import json
 import os
 import queue
 import secrets
+import shutil
 import stat
 import struct
 import subprocess
@@ -77,8 +78,9 @@ class _WorkerProcess:
     def __init__(self, backend: detect.Backend, slot: int, python: str):
         self.lock = _SlotLock() if backend.name in ("forkserver", "bwrap") else None
         tag = str(self.lock.uid) if self.lock else f"{os.getpid()}-{slot}"
+        self.base = os.path.join(_shm_root(), tag)
         cfg = {"backend": backend.name, "uid": self.lock.uid if self.lock else None,
-               "base": os.path.join(_shm_root(), tag), "bwrap": backend.caps.bwrap}
+               "base": self.base, "bwrap": backend.caps.bwrap}
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         boot = (f"import sys; sys.path.insert(0, {root!r}); "
                 "from rlvr.sandbox.worker import main; main()")
@@ -121,6 +123,7 @@ class _WorkerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        shutil.rmtree(self.base, ignore_errors=True)
         if self.lock:
             self.lock.release()
 

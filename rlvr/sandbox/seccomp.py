@@ -1,7 +1,8 @@
 """The seccomp filter every sandboxed process runs under (built with libseccomp via pyseccomp).
 
 Default allow, with a deny list of the syscalls untrusted code never needs and that widen the
-kernel attack surface or escape the other layers: sockets other than AF_UNIX, ptrace and
+kernel attack surface or escape the other layers: ``socket`` (only unnamed AF_UNIX socketpairs
+remain), ptrace and
 cross-process memory access, mounts, new namespaces, BPF, io_uring, keyrings, modules, kexec,
 reboot, swap, userfaultfd, perf. ``clone3`` answers ENOSYS so libc falls back to ``clone``,
 whose flags can be inspected. ``deny_fork`` (the weak backend, which has no pid namespace to
@@ -44,7 +45,9 @@ def build_filter(deny_fork: bool = False):
             f.add_rule(_sc.ERRNO(errno.EPERM), name)
         except (ValueError, OSError, RuntimeError):  # syscall unknown on this architecture
             pass
-    f.add_rule(_sc.ERRNO(errno.EACCES), "socket", _sc.Arg(0, _sc.NE, AF_UNIX))
+    # No sockets at all: a unix socket at a path (a host daemon's) is reachable by connect(),
+    # which landlock does not govern. Unnamed socketpairs between the run's processes stay.
+    f.add_rule(_sc.ERRNO(errno.EACCES), "socket")
     f.add_rule(_sc.ERRNO(errno.EACCES), "socketpair", _sc.Arg(0, _sc.NE, AF_UNIX))
     f.add_rule(_sc.ERRNO(errno.ENOSYS), "clone3")
     for flag in kernel.NAMESPACE_FLAGS:

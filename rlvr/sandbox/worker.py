@@ -34,6 +34,9 @@ from rlvr.sandbox import harness, isolate, kernel
 F_SETPIPE_SZ = 1031
 REPORT_MAX = 16 << 20
 SETUP_FAILED = "rlvr.sandbox: setup failed"
+# Bytecode caches live nowhere (a path that cannot exist), so a candidate cannot plant a .pyc
+# that a later import (of the tests, say) would load instead of the checked source.
+NO_PYCACHE = "/dev/null/rlvr-no-pycache"
 PRELOAD = ("math", "cmath", "itertools", "functools", "collections", "heapq", "bisect", "re",
            "string", "json", "random", "statistics", "fractions", "decimal", "operator",
            "typing", "dataclasses", "copy", "datetime", "textwrap", "unicodedata", "traceback")
@@ -121,11 +124,13 @@ class Worker:
             kernel.unshare(kernel.CLONE_NEWNS | kernel.CLONE_NEWNET)
             kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
             isolate.expose_paths(isolate.python_paths())
+            isolate.hide_socket_dirs([self.base, *isolate.python_paths()])
         elif self.backend == "forkserver-userns":
             real_uid, real_gid = os.getuid(), os.getgid()
             kernel.unshare(kernel.CLONE_NEWUSER | kernel.CLONE_NEWNS | kernel.CLONE_NEWNET)
             kernel.write_id_maps(0, real_uid, 0, real_gid)
             kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+            isolate.hide_socket_dirs([self.base, *isolate.python_paths()])
         os.makedirs(self.base, mode=0o711, exist_ok=True)
         self.plan = isolate.build_plan(self.backend, uid, self.base)
         if self.backend != "weak" and not (self.plan.seccomp_bpf and self.plan.landlock_abi):
@@ -226,7 +231,8 @@ class Worker:
         try:
             if job["kind"] == "command":
                 self._exec(job, ws, bwrap)
-            os.environ.update(job.get("env", {}))
+            os.environ.update({"HOME": ws, "TMPDIR": ws, **job.get("env", {})})
+            sys.pycache_prefix = NO_PYCACHE
             after_fork = (lambda: kernel.seccomp_load_bpf(self.plan.seccomp_bpf)) \
                 if split_first and self.plan.seccomp_bpf else (lambda: None)
             code = harness.main(job, trusted_fd=pipes["trusted"][0], report_fd=pipes["rep"][1],
@@ -237,7 +243,8 @@ class Worker:
 
     def _exec(self, job: dict, ws: str, bwrap: bool) -> None:
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": ws, "TMPDIR": ws,
-               "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", **job.get("env", {})}
+               "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+               "PYTHONPYCACHEPREFIX": NO_PYCACHE, **job.get("env", {})}
         argv = list(job["argv"])
         if argv and argv[0] in ("python", "python3"):
             argv[0] = sys.executable  # the interpreter rlvr runs on, with its packages

@@ -1,0 +1,107 @@
+"""The sandbox attack suite on this machine's default backend, plus controls showing that the
+judges do see an attack succeed when the same candidate program runs with no sandbox."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from rlvr.sandbox import Job, Sandbox, attacks, choose
+from rlvr.sandbox.attacks import (
+    ATTACKS,
+    EXPECTED,
+    INPUTS,
+    TESTS,
+    Context,
+    run_unsandboxed,
+)
+
+if not choose("auto").strict:
+    pytest.skip(f"no strict sandbox backend here ({choose('auto').describe()})",
+                allow_module_level=True)
+
+BY_NAME = {a.name: a for a in ATTACKS}
+CORRECT_ADD = "def add(a, b):\n    return a + b\n"
+
+
+@pytest.fixture(scope="module")
+def sb():
+    with Sandbox(workers=2) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    with Context() as c:
+        yield c
+
+
+def test_attack_names_are_unique():
+    assert len(BY_NAME) == len(ATTACKS)
+    for required in ("tcp-localhost", "udp-localhost", "dns", "read-host-file", "write-outside",
+                     "tamper-test-file", "tamper-tests-memory", "fork-bomb", "memory-20gb",
+                     "infinite-loop", "setsid-grandchild", "stdout-flood", "kill-parent",
+                     "sys-exit", "os-exit", "forge-report", "patch-builtins", "always-equal",
+                     "steal-nonce", "leftover-daemon"):
+        assert required in BY_NAME
+
+
+@pytest.mark.parametrize("attack", ATTACKS, ids=lambda a: a.name)
+def test_attack_is_blocked(sb, ctx, attack):
+    outcome = attack.run(sb, ctx)
+    attacks.sweep(ctx.marker)
+    assert outcome.blocked, f"{attack.name} NOT blocked: {outcome.detail}"
+
+
+# ---- controls: the judges can fail ------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["tcp-localhost", "udp-localhost", "unix-socket",
+                                  "read-host-file", "write-outside", "leftover-daemon"])
+def test_judge_sees_the_attack_succeed_without_a_sandbox(name):
+    attack = BY_NAME[name]
+    with Context() as c:  # its own: the unsandboxed run really does write and connect
+        result = run_unsandboxed(attack.program(c))
+        outcome = attack.judge(c, result)
+        attacks.sweep(c.marker)
+        assert not c.found_files()
+    assert not outcome.blocked, f"judge missed an unsandboxed {name}: {outcome.detail}"
+
+
+def test_verdict_judges_accept_a_correct_solution(sb):
+    tests, io_job = sb.map([Job.with_tests(CORRECT_ADD, TESTS, "add"),
+                            Job.io(CORRECT_ADD, "add", INPUTS)])
+    assert tests.passed
+    assert io_job.compare(EXPECTED) == len(EXPECTED)
+
+
+def test_host_process_helpers_see_a_leftover():
+    with Context() as c:
+        result = run_unsandboxed(attacks._daemon_prog(c))
+        marker = c.marker + "-daemon"
+        assert result.status == "ok" and result.duration_s < 5
+        assert len(attacks.marker_pids(marker)) == 2
+        assert attacks.sweep(marker)
+        assert not attacks._still(lambda: attacks.marker_pids(marker))
+
+
+# ---- check() -------------------------------------------------------------------------------
+
+def test_check_prints_backend_and_table_for_selected_attacks():
+    out = io.StringIO()
+    rc = attacks.check(names=["tcp-localhost", "sys-exit"], out=out)
+    text = out.getvalue()
+    assert "forkserver" in text or "bwrap" in text
+    assert "never guaranteed" in text
+    assert "tcp-localhost" in text and "sys-exit" in text and "2/2 blocked" in text
+    assert rc == 0, text
+
+
+@pytest.mark.slow
+def test_check_runs_every_attack_and_returns_zero():
+    out = io.StringIO()
+    rc = attacks.check(out=out)
+    text = out.getvalue()
+    for attack in ATTACKS:
+        assert attack.name in text
+    assert rc == 0, text
