@@ -259,8 +259,9 @@ import json, os, sys
 sys.path[:0] = [REPO, SITE]
 from rlvr.sandbox.worker import Worker
 from rlvr.sandbox.types import Job, Limits
-w = Worker({"backend": "forkserver-userns", "uid": None, "base": BASE, "bwrap": None},
-           os.dup(0), os.dup(1))
+from rlvr.sandbox.isolate import seccomp_program
+w = Worker({"backend": "forkserver-userns", "uid": None, "base": BASE, "bwrap": None,
+            "seccomp_bpf": seccomp_program("forkserver-userns").hex()}, os.dup(0), os.dup(1))
 out = {"seccomp": bool(w.plan.seccomp_bpf), "landlock": w.plan.landlock_abi}
 trusted = json.dumps({"nonce": "n", "tests": ""}).encode()
 progs = {

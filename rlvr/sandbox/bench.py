@@ -4,9 +4,10 @@ Both sides run the same verified execution: a candidate function plus a HumanEva
 ``check(candidate)`` with five asserts (a ``tests`` job: the candidate in its own process, the
 tests in another, the verdict read here), or the same function on five hidden inputs compared
 here (an ``io`` job). The baseline starts a fresh ``python3`` per execution with the same harness
-and rlimits but no other isolation, which is what most RL frameworks do. Both sides use the same
-concurrency (one in flight per core by default) and alternate in rounds within one run, so
-background load hits both; medians over rounds are reported.
+and rlimits but no other isolation, which is what most RL frameworks do. Throughput streams jobs in
+(``Sandbox.map`` over one worker per core; the baseline runs one process per core at a time);
+latency is measured one execution at a time. Both sides alternate in rounds within one run, so
+background load hits both; throughput is the median over rounds.
 """
 
 from __future__ import annotations
@@ -99,21 +100,21 @@ def run_fresh_interpreter(job: Job, python: str = sys.executable) -> ExecResult:
     return interpret(job, raw, nonce, "fresh-python")
 
 
-def _measure(fn, jobs: list[Job], concurrency: int) -> dict:
-    latencies: list[float] = []
-    ok = 0
-
-    def one(job: Job):
-        t = time.perf_counter()
-        result = fn(job)
-        latencies.append(time.perf_counter() - t)
-        return verified(job, result)
-
+def _throughput(fn_many, jobs: list[Job]) -> dict:
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as ex:
-        ok = sum(ex.map(one, jobs))
+    results = fn_many(jobs)
     wall = time.perf_counter() - t0
-    return {"execs": len(jobs), "verified": ok, "wall_s": wall, "latencies": latencies}
+    return {"execs": len(jobs), "wall_s": wall,
+            "verified": sum(verified(j, r) for j, r in zip(jobs, results))}
+
+
+def _latencies(fn_one, jobs: list[Job]) -> list[float]:
+    out = []
+    for job in jobs:
+        t = time.perf_counter()
+        fn_one(job)
+        out.append(time.perf_counter() - t)
+    return out
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -121,44 +122,83 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def idle_cpu(seconds: float = 1.0) -> float | None:
+    """Fraction of CPU time idle over a short window (load averages mislead on these VMs)."""
+    def sample():
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return fields[3] + fields[4], sum(fields)  # idle + iowait, total
+    try:
+        i0, t0 = sample()
+        time.sleep(seconds)
+        i1, t1 = sample()
+    except OSError:
+        return None
+    return (i1 - i0) / max(1, t1 - t0)
+
+
+def default_baselines() -> list[str]:
+    """The interpreter rlvr runs on, and Debian's system python3 (faster start-up) if present."""
+    pythons = [sys.executable]
+    if os.path.exists("/usr/bin/python3") and \
+            os.path.realpath("/usr/bin/python3") != os.path.realpath(sys.executable):
+        pythons.append("/usr/bin/python3")
+    return pythons
+
+
 def run_bench(n: int = 200, rounds: int = 3, workers: int | None = None, kind: str = "tests",
-              baseline_python: str = sys.executable, backend: str = "auto") -> dict:
+              baselines: list[str] | None = None, backend: str = "auto") -> dict:
     workers = workers or os.cpu_count() or 1
+    baselines = baselines or default_baselines()
     job = make_job(kind)
-    sides: dict[str, list[dict]] = {"pool": [], "baseline": []}
+    idle = idle_cpu()
+    runs: dict[str, list[dict]] = {"pool": [], **{b: [] for b in baselines}}
+    lats: dict[str, list[float]] = {k: [] for k in runs}
     with Sandbox(workers=workers, backend=backend) as sb:
-        sb.map([job] * workers * 2)  # warm-up
-        n_base = max(20, n // 5)  # the baseline is slower; fewer runs keep the rounds balanced
+        sb.map([job] * workers * 4)  # warm-up
+        n_base = max(20, n // 6)  # the baselines are slower; fewer runs keep the rounds balanced
         for _ in range(rounds):
-            sides["pool"].append(_measure(sb.run, [job] * n, workers))
-            sides["baseline"].append(_measure(lambda j: run_fresh_interpreter(j, baseline_python),
-                                              [job] * n_base, workers))
+            # throughput: stream jobs in (the pool's map; the baseline one process per core)
+            runs["pool"].append(_throughput(sb.map, [job] * n))
+            for python in baselines:
+                def many(js, p=python):
+                    with ThreadPoolExecutor(workers) as ex:
+                        return list(ex.map(lambda j: run_fresh_interpreter(j, p), js))
+                runs[python].append(_throughput(many, [job] * n_base))
+            # latency: one execution at a time
+            lats["pool"] += _latencies(sb.run, [job] * (n // 4))
+            for python in baselines:
+                lats[python] += _latencies(lambda j, p=python: run_fresh_interpreter(j, p),
+                                           [job] * (n_base // 4))
         name = sb.name
-    report: dict = {"kind": kind, "workers": workers, "rounds": rounds, "backend": name,
-                    "baseline_label": f"fresh {baseline_python} + rlimits",
-                    "loadavg_before": os.getloadavg(), "cpu_count": os.cpu_count()}
-    for side, runs in sides.items():
-        lat = [x for r in runs for x in r["latencies"]]
-        report[side] = {
-            "execs_per_s": statistics.median(r["execs"] / r["wall_s"] for r in runs),
+    sides = []
+    for side, rs in runs.items():
+        lat = lats[side]
+        sides.append({
+            "side": f"rlvr {name} pool" if side == "pool" else f"fresh {side} + rlimits",
+            "execs_per_s": statistics.median(r["execs"] / r["wall_s"] for r in rs),
             "p50_ms": 1e3 * _pct(lat, 0.5), "p99_ms": 1e3 * _pct(lat, 0.99),
-            "verified": sum(r["verified"] for r in runs), "execs": sum(r["execs"] for r in runs),
-        }
-    report["ratio"] = report["pool"]["execs_per_s"] / report["baseline"]["execs_per_s"]
-    report["loadavg_after"] = os.getloadavg()
-    return report
+            "verified": sum(r["verified"] for r in rs), "execs": sum(r["execs"] for r in rs),
+        })
+    pool = sides[0]["execs_per_s"]
+    for s in sides:
+        s["pool_ratio"] = pool / s["execs_per_s"]
+    return {"kind": kind, "workers": workers, "rounds": rounds, "backend": name,
+            "cpu_count": os.cpu_count(), "idle_cpu_before": idle, "sides": sides}
 
 
 def format_report(r: dict) -> str:
-    lines = [f"sandbox bench: {r['kind']} jobs, {r['workers']} in flight, {r['rounds']} alternating "
-             f"rounds, load average before {r['loadavg_before'][0]:.2f} on {r['cpu_count']} cores",
-             f"{'side':<56} {'execs/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'verified':>10}"]
-    for side, label in (("pool", f"rlvr {r['backend']} pool"), ("baseline", r["baseline_label"])):
-        s = r[side]
-        lines.append(f"{label:<56} {s['execs_per_s']:>9.1f} {s['p50_ms']:>8.1f} {s['p99_ms']:>8.1f}"
-                     f" {s['verified']:>4}/{s['execs']:<5}")
-    lines.append(f"throughput ratio pool/baseline: {r['ratio']:.1f}x "
-                 f"(target >= 5x; pool p50 target <= 15 ms)")
+    idle = "unknown" if r["idle_cpu_before"] is None else f"{100 * r['idle_cpu_before']:.0f}%"
+    lines = [f"sandbox bench: {r['kind']} jobs; throughput with {r['workers']} workers (pool) or "
+             f"{r['workers']} processes at a time (baseline), latency one at a time; "
+             f"{r['rounds']} alternating rounds; CPU idle before: {idle} of {r['cpu_count']} cores",
+             f"{'side':<44} {'execs/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'verified':>9} "
+             f"{'pool is':>8}"]
+    for s in r["sides"]:
+        lines.append(f"{s['side']:<44} {s['execs_per_s']:>8.1f} {s['p50_ms']:>7.1f} "
+                     f"{s['p99_ms']:>7.1f} {s['verified']:>4}/{s['execs']:<4} "
+                     f"{s['pool_ratio']:>7.1f}x")
+    lines.append("targets: pool >= 5x a fresh interpreter's throughput, pool p50 <= 15 ms")
     return "\n".join(lines)
 
 
@@ -176,7 +216,8 @@ def add_arguments(p) -> None:
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--kind", choices=["tests", "io", "both"], default="both")
     p.add_argument("--backend", default="auto")
-    p.add_argument("--baseline-python", default=sys.executable)
+    p.add_argument("--baseline-python", action="append", dest="baselines",
+                   help="interpreter(s) for the baseline (default: rlvr's and /usr/bin/python3)")
     p.add_argument("--json", dest="json_path", help="also write the numbers here")
 
 
@@ -184,7 +225,7 @@ def run_from_args(args) -> int:
     kinds = ["tests", "io"] if args.kind == "both" else [args.kind]
     reports = []
     for kind in kinds:
-        r = run_bench(args.n, args.rounds, args.workers, kind, args.baseline_python, args.backend)
+        r = run_bench(args.n, args.rounds, args.workers, kind, args.baselines, args.backend)
         print(format_report(r))
         reports.append(r)
     if args.json_path:

@@ -13,26 +13,30 @@ import os
 import resource
 import signal
 import sys
-from dataclasses import dataclass, field
 
-from rlvr.sandbox import kernel, seccomp
+from rlvr.sandbox import kernel
 
 SYSTEM_READ_ONLY = ["/usr", "/bin", "/lib", "/lib64", "/lib32", "/etc/ld.so.cache",
                     "/etc/localtime", "/etc/alternatives", "/dev/urandom", "/dev/zero"]
 
 
-@dataclass
 class Plan:
-    backend: str  # forkserver | forkserver-userns | weak
-    uid: int | None = None  # switch to this uid/gid (root-started workers)
-    drop_caps: bool = False  # inside a user namespace: keep the uid, lose the capabilities
-    pid_namespace: bool = False  # each run is pid 1 of a fresh pid namespace
-    landlock_abi: int = 0
-    seccomp_bpf: bytes | None = None  # compiled once per worker
-    read_only: list[str] = field(default_factory=list)
-    read_write: list[str] = field(default_factory=lambda: ["/dev/null"])
-    runs_root: str | None = None  # fresh workspaces live under here ...
-    runs_ruleset: int | None = None  # ... and this landlock ruleset (built once) covers them
+    """(A plain class: ``dataclasses`` would pull ``inspect`` and friends into every worker.)"""
+
+    def __init__(self, backend: str, uid: int | None = None, drop_caps: bool = False,
+                 pid_namespace: bool = False, landlock_abi: int = 0,
+                 seccomp_bpf: bytes | None = None, read_only: list[str] | None = None,
+                 runs_root: str | None = None):
+        self.backend = backend  # forkserver | forkserver-userns | bwrap | weak
+        self.uid = uid  # switch to this uid/gid (root-started workers)
+        self.drop_caps = drop_caps  # inside a user namespace: keep the uid, lose capabilities
+        self.pid_namespace = pid_namespace  # each run is pid 1 of a fresh pid namespace
+        self.landlock_abi = landlock_abi
+        self.seccomp_bpf = seccomp_bpf  # compiled once, by the pool
+        self.read_only = read_only or []
+        self.read_write = ["/dev/null"]
+        self.runs_root = runs_root  # fresh workspaces live under here ...
+        self.runs_ruleset: int | None = None  # ... and this ruleset (built once) covers them
 
 
 def python_paths() -> list[str]:
@@ -42,7 +46,10 @@ def python_paths() -> list[str]:
     tests, checkpoints) that model-written code must not read. Workers import rlvr before any
     run, so the runs never need its files.
     """
-    return sorted({sys.prefix, sys.base_prefix, sys.exec_prefix})
+    packages = {p for p in sys.path if p.endswith("-packages") and os.path.isdir(p)}
+    env = os.path.dirname(os.path.dirname(sys.executable))  # a venv (its pyvenv.cfg, bin/)
+    venv = {env} if os.path.exists(os.path.join(env, "pyvenv.cfg")) else set()
+    return sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, *packages, *venv})
 
 
 def set_limits(limits: dict) -> None:
@@ -99,12 +106,20 @@ def _is_under(path: str, root: str | None) -> bool:
     return root is not None and os.path.realpath(path).startswith(os.path.realpath(root) + os.sep)
 
 
-def build_plan(backend: str, uid: int | None, runs_root: str) -> Plan:
+def seccomp_program(backend: str) -> bytes | None:
+    """The compiled filter for a backend; built by the pool, so workers never load libseccomp
+    (which would make every fork of them slower)."""
+    from rlvr.sandbox import seccomp
+
+    if not seccomp.available():
+        return None
+    return seccomp.compile_bpf(seccomp.build_filter(deny_fork=backend == "weak"))
+
+
+def build_plan(backend: str, uid: int | None, runs_root: str, bpf: bytes | None) -> Plan:
     """The isolation this worker applies to each run, given the backend it was started for."""
     abi = kernel.landlock_abi()
     strict = backend in ("forkserver", "forkserver-userns", "bwrap")
-    bpf = (seccomp.compile_bpf(seccomp.build_filter(deny_fork=not strict))
-           if seccomp.available() else None)
     plan = Plan(
         backend=backend,
         uid=uid if backend in ("forkserver", "bwrap") else None,

@@ -29,7 +29,7 @@ import threading
 import warnings
 
 from rlvr.errors import UserError
-from rlvr.sandbox import detect, harness, plaindata
+from rlvr.sandbox import detect, harness, isolate, plaindata
 from rlvr.sandbox.audit import AuditLog
 from rlvr.sandbox.types import ExecResult, Job
 
@@ -75,16 +75,21 @@ class _SlotLock:
 
 
 class _WorkerProcess:
-    def __init__(self, backend: detect.Backend, slot: int, python: str):
+    def __init__(self, backend: detect.Backend, slot: int, python: str, bpf: bytes | None):
         self.lock = _SlotLock() if backend.name in ("forkserver", "bwrap") else None
         tag = str(self.lock.uid) if self.lock else f"{os.getpid()}-{slot}"
         self.base = os.path.join(_shm_root(), tag)
         cfg = {"backend": backend.name, "uid": self.lock.uid if self.lock else None,
-               "base": self.base, "bwrap": backend.caps.bwrap}
+               "base": self.base, "bwrap": backend.caps.bwrap,
+               "seccomp_bpf": bpf.hex() if bpf else None}
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        boot = (f"import sys; sys.path.insert(0, {root!r}); "
+        # -S: no site processing (its .pth finders and their imports would make every fork of
+        # the worker slower); the package directories are put on sys.path by hand instead, so
+        # runs can still import installed packages.
+        paths = [root, *(p for p in sys.path if p.endswith("-packages"))]
+        boot = (f"import sys; sys.path[:0] = {paths!r}; "
                 "from rlvr.sandbox.worker import main; main()")
-        self.proc = subprocess.Popen([python, "-I", "-c", boot, json.dumps(cfg)],
+        self.proc = subprocess.Popen([python, "-I", "-S", "-c", boot, json.dumps(cfg)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      env=WORKER_ENV, close_fds=True, bufsize=0)
         hello = self._read()
@@ -144,7 +149,9 @@ class Sandbox:
         self.audit = AuditLog(audit_path) if audit_path else None
         self._python = python or sys.executable
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size or 4 * n)
-        self._workers = [_WorkerProcess(self.backend, i, self._python) for i in range(n)]
+        self._bpf = isolate.seccomp_program(self.backend.name)
+        self._workers = [_WorkerProcess(self.backend, i, self._python, self._bpf)
+                         for i in range(n)]
         self._threads = [threading.Thread(target=self._dispatch, args=(i,), daemon=True,
                                           name=f"sandbox-{i}") for i in range(n)]
         self._closed = False
@@ -200,7 +207,7 @@ class Sandbox:
             self._workers[i].close()
         except Exception:  # noqa: BLE001
             pass
-        self._workers[i] = _WorkerProcess(self.backend, i, self._python)
+        self._workers[i] = _WorkerProcess(self.backend, i, self._python, self._bpf)
 
     def close(self) -> None:
         if self._closed:

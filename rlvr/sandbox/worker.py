@@ -37,9 +37,10 @@ SETUP_FAILED = "rlvr.sandbox: setup failed"
 # Bytecode caches live nowhere (a path that cannot exist), so a candidate cannot plant a .pyc
 # that a later import (of the tests, say) would load instead of the checked source.
 NO_PYCACHE = "/dev/null/rlvr-no-pycache"
-PRELOAD = ("math", "cmath", "itertools", "functools", "collections", "heapq", "bisect", "re",
-           "string", "json", "random", "statistics", "fractions", "decimal", "operator",
-           "typing", "dataclasses", "copy", "datetime", "textwrap", "unicodedata", "traceback")
+# Imported once here so runs get them for free; kept lean, since every page of the worker is
+# page-table work in each fork.
+PRELOAD = ("math", "itertools", "functools", "collections", "heapq", "bisect", "re", "string",
+           "operator", "copy")
 
 
 # ---- framing -------------------------------------------------------------------------------
@@ -132,7 +133,8 @@ class Worker:
             kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
             isolate.hide_socket_dirs([self.base, *isolate.python_paths()])
         os.makedirs(self.base, mode=0o711, exist_ok=True)
-        self.plan = isolate.build_plan(self.backend, uid, self.base)
+        bpf = bytes.fromhex(self.cfg["seccomp_bpf"]) if self.cfg.get("seccomp_bpf") else None
+        self.plan = isolate.build_plan(self.backend, uid, self.base, bpf)
         if self.backend != "weak" and not (self.plan.seccomp_bpf and self.plan.landlock_abi):
             raise RuntimeError(f"backend {self.backend} needs seccomp and landlock: "
                                f"seccomp={bool(self.plan.seccomp_bpf)} "
