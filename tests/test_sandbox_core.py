@@ -344,3 +344,18 @@ def test_runs_refuse_the_weak_backend_unless_allowed(tmp_path):
         assert box.run(Job.run_program("import os; os.fork()")).exit_code == 1
     assert printed and "does not" in printed[0]
     assert (tmp_path / "sandbox_audit.jsonl").exists()
+
+
+def test_bench_measures_both_sides_and_verifies_every_execution():
+    if not choose("auto").strict:
+        pytest.skip("no strict sandbox backend here")
+    from rlvr.sandbox.bench import format_report, run_bench, run_fresh_interpreter
+
+    wrong = Job.with_tests(ADD.replace("a + b", "a - b"), CHECK, "add")
+    assert not run_fresh_interpreter(wrong).passed  # the baseline verifies too
+    assert run_fresh_interpreter(Job.with_tests(ADD, CHECK, "add")).passed
+    r = run_bench(n=12, rounds=1, workers=2, kind="io")
+    assert [s["verified"] for s in r["sides"]] == [s["execs"] for s in r["sides"]]
+    assert r["sides"][0]["pool_ratio"] == 1.0 and len(r["sides"]) >= 2
+    assert all(s["execs_per_s"] > 0 and s["p50_ms"] > 0 for s in r["sides"])
+    assert "pool is" in format_report(r)

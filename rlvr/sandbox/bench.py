@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from rlvr.sandbox import harness, isolate, plaindata
+from rlvr.sandbox import harness, plaindata
 from rlvr.sandbox.pool import Sandbox, interpret
 from rlvr.sandbox.types import ExecResult, Job, Limits
 
@@ -57,6 +56,14 @@ def verified(job: Job, result: ExecResult) -> bool:
     return result.passed if job.kind == "tests" else result.compare(EXPECTED) == len(EXPECTED)
 
 
+def _prlimit(limits: Limits) -> list[str]:
+    """util-linux ``prlimit`` sets the rlimits and execs (thread-safe, unlike preexec_fn)."""
+    mb = 1 << 20
+    return ["prlimit", f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}", f"--as={limits.memory_mb * mb}",
+            f"--fsize={limits.file_size_mb * mb}", f"--nofile={limits.open_files}", "--core=0",
+            "--"]
+
+
 def run_fresh_interpreter(job: Job, python: str = sys.executable) -> ExecResult:
     """The baseline: one fresh interpreter per execution, same harness, rlimits only."""
     import secrets
@@ -70,16 +77,11 @@ def run_fresh_interpreter(job: Job, python: str = sys.executable) -> ExecResult:
     os.write(tr_w, json.dumps({"nonce": nonce, "tests": job.tests}).encode())
     os.close(job_w)
     os.close(tr_w)
-    limits = job.limits.to_dict()
-
-    def preexec() -> None:
-        isolate.set_limits({**limits, "processes": resource.getrlimit(resource.RLIMIT_NPROC)[1]})
-
     from rlvr.sandbox.worker import harness_argv
 
-    argv = [python, *harness_argv((job_r, tr_r, rep_w))[1:]]
+    argv = [*_prlimit(job.limits), python, *harness_argv((job_r, tr_r, rep_w))[1:]]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, preexec_fn=preexec, pass_fds=(job_r, tr_r, rep_w),
+                            stderr=subprocess.PIPE, pass_fds=(job_r, tr_r, rep_w),
                             start_new_session=True)
     for fd in (job_r, tr_r, rep_w):
         os.close(fd)
@@ -189,11 +191,12 @@ def run_bench(n: int = 200, rounds: int = 3, workers: int | None = None, kind: s
 
 def format_report(r: dict) -> str:
     idle = "unknown" if r["idle_cpu_before"] is None else f"{100 * r['idle_cpu_before']:.0f}%"
-    lines = [f"sandbox bench: {r['kind']} jobs; throughput with {r['workers']} workers (pool) or "
+    title = (f"sandbox bench: {r['kind']} jobs; throughput with {r['workers']} workers (pool) or "
              f"{r['workers']} processes at a time (baseline), latency one at a time; "
-             f"{r['rounds']} alternating rounds; CPU idle before: {idle} of {r['cpu_count']} cores",
-             f"{'side':<44} {'execs/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'verified':>9} "
-             f"{'pool is':>8}"]
+             f"{r['rounds']} alternating rounds; CPU idle before: {idle} of {r['cpu_count']} cores")
+    header = (f"{'side':<44} {'execs/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'verified':>9} "
+              f"{'pool is':>8}")
+    lines = [title, header]
     for s in r["sides"]:
         lines.append(f"{s['side']:<44} {s['execs_per_s']:>8.1f} {s['p50_ms']:>7.1f} "
                      f"{s['p99_ms']:>7.1f} {s['verified']:>4}/{s['execs']:<4} "
