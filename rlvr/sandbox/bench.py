@@ -149,7 +149,10 @@ def default_baselines() -> list[str]:
 
 
 def run_bench(n: int = 200, rounds: int = 3, workers: int | None = None, kind: str = "tests",
-              baselines: list[str] | None = None, backend: str = "auto") -> dict:
+              baselines: list[str] | None = None, backend: str = "auto",
+              attacks: bool = False) -> dict:
+    """Both sides in alternating rounds; with ``attacks``, the same pool then faces the attack
+    suite, so the numbers are those of a configuration that blocks every attack."""
     workers = workers or os.cpu_count() or 1
     baselines = baselines or default_baselines()
     job = make_job(kind)
@@ -173,6 +176,13 @@ def run_bench(n: int = 200, rounds: int = 3, workers: int | None = None, kind: s
                 lats[python] += _latencies(lambda j, p=python: run_fresh_interpreter(j, p),
                                            [job] * (n_base // 4))
         name = sb.name
+        blocked = None
+        if attacks:
+            from rlvr.sandbox.attacks import run_suite
+
+            outcomes = run_suite(sb)
+            blocked = [sum(o.blocked for _, o in outcomes), len(outcomes),
+                       [a.name for a, o in outcomes if not o.blocked]]
     sides = []
     for side, rs in runs.items():
         lat = lats[side]
@@ -186,7 +196,8 @@ def run_bench(n: int = 200, rounds: int = 3, workers: int | None = None, kind: s
     for s in sides:
         s["pool_ratio"] = pool / s["execs_per_s"]
     return {"kind": kind, "workers": workers, "rounds": rounds, "backend": name,
-            "cpu_count": os.cpu_count(), "idle_cpu_before": idle, "sides": sides}
+            "cpu_count": os.cpu_count(), "idle_cpu_before": idle, "sides": sides,
+            "attacks_blocked": blocked}
 
 
 def format_report(r: dict) -> str:
@@ -201,6 +212,10 @@ def format_report(r: dict) -> str:
         lines.append(f"{s['side']:<44} {s['execs_per_s']:>8.1f} {s['p50_ms']:>7.1f} "
                      f"{s['p99_ms']:>7.1f} {s['verified']:>4}/{s['execs']:<4} "
                      f"{s['pool_ratio']:>7.1f}x")
+    if r.get("attacks_blocked"):
+        ok, total, failed = r["attacks_blocked"]
+        lines.append(f"attack suite on the same pool: {ok}/{total} blocked"
+                     + (f" (NOT blocked: {', '.join(failed)})" if failed else ""))
     lines.append("targets: pool >= 5x a fresh interpreter's throughput, pool p50 <= 15 ms")
     return "\n".join(lines)
 
@@ -221,6 +236,8 @@ def add_arguments(p) -> None:
     p.add_argument("--backend", default="auto")
     p.add_argument("--baseline-python", action="append", dest="baselines",
                    help="interpreter(s) for the baseline (default: rlvr's and /usr/bin/python3)")
+    p.add_argument("--no-attacks", dest="attacks", action="store_false",
+                   help="skip running the attack suite on the benchmarked pool")
     p.add_argument("--json", dest="json_path", help="also write the numbers here")
 
 
@@ -228,7 +245,8 @@ def run_from_args(args) -> int:
     kinds = ["tests", "io"] if args.kind == "both" else [args.kind]
     reports = []
     for kind in kinds:
-        r = run_bench(args.n, args.rounds, args.workers, kind, args.baselines, args.backend)
+        r = run_bench(args.n, args.rounds, args.workers, kind, args.baselines, args.backend,
+                      attacks=args.attacks and kind == kinds[0])
         print(format_report(r))
         reports.append(r)
     if args.json_path:
