@@ -286,7 +286,6 @@ def test_user_namespace_backend_as_a_non_root_user():
     import shutil
     import subprocess
     import sys
-    import sysconfig
 
     caps = choose("auto").caps
     if not (caps.root and caps.user_namespaces and shutil.which("setpriv")
@@ -302,9 +301,23 @@ def test_user_namespace_backend_as_a_non_root_user():
     home.mkdir()
     os.chown(home, uid, uid)
     os.chmod(tmp_path, 0o755)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    script = USERNS_SCRIPT.replace("REPO", repr(repo)).replace(
-        "SITE", repr(sysconfig.get_paths()["purelib"])).replace(
+    # A copy of the sandbox package (and pyseccomp) that the unprivileged user can read: the
+    # checkout itself may sit in a private directory (CI clones into a mode-700 mktemp dir).
+    import pyseccomp
+
+    repo = tmp_path / "pkg"
+    shutil.copytree(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/rlvr",
+                    repo / "rlvr", ignore=shutil.ignore_patterns("__pycache__"))
+    site = tmp_path / "site"
+    site.mkdir()
+    shutil.copy(pyseccomp.__file__, site)
+    for d, _, fs in os.walk(tmp_path):
+        os.chmod(d, 0o755)
+        for f in fs:
+            os.chmod(os.path.join(d, f), 0o644)
+    os.chown(home, uid, uid)
+    script = USERNS_SCRIPT.replace("REPO", repr(str(repo))).replace(
+        "SITE", repr(str(site))).replace(
         "BASE", repr(str(home / "base"))).replace("TMPDIR", repr(str(home))).replace(
         "RESULT", repr(str(home / "result.json")))
     (tmp_path / "s.py").write_text(script)

@@ -29,7 +29,7 @@ import sys
 import time
 import traceback
 
-from rlvr.sandbox import harness, isolate, kernel
+from rlvr.sandbox import bwrap, harness, isolate, kernel
 
 F_SETPIPE_SZ = 1031
 REPORT_MAX = 16 << 20
@@ -213,7 +213,7 @@ class Worker:
 
     def _child(self, job: dict, ws: str, pipes: dict) -> None:
         code = 70
-        bwrap = self.backend == "bwrap" and job["kind"] == "command"
+        use_bwrap = self.backend == "bwrap" and job["kind"] == "command"
         try:
             for name, (r, w) in pipes.items():  # the worker's ends, never the run's
                 os.close(w if name in ("trusted", "stdin") else r)
@@ -225,14 +225,14 @@ class Worker:
             keep = [pipes["rep"][1], pipes["trusted"][0]]
             # The weak backend forbids new processes, so a tests job filters after its split.
             split_first = not self.plan.pid_namespace and job["kind"] == "tests"
-            isolate.enter(self.plan, ws, job["limits"], keep, landlock=not bwrap,
-                          filter_syscalls=not (bwrap or split_first))
+            isolate.enter(self.plan, ws, job["limits"], keep, landlock=not use_bwrap,
+                          filter_syscalls=not (use_bwrap or split_first))
         except BaseException:  # noqa: BLE001 - never run untrusted code half-isolated
             os.write(2, f"{SETUP_FAILED}: {traceback.format_exc()}".encode())
             harness.flush_and_exit(70)
         try:
             if job["kind"] == "command":
-                self._exec(job, ws, bwrap)
+                self._exec(job, ws, use_bwrap)
             os.environ.update({"HOME": ws, "TMPDIR": ws, **job.get("env", {})})
             sys.pycache_prefix = NO_PYCACHE
             after_fork = (lambda: kernel.seccomp_load_bpf(self.plan.seccomp_bpf)) \
@@ -243,17 +243,17 @@ class Worker:
             traceback.print_exc()
         harness.flush_and_exit(code)
 
-    def _exec(self, job: dict, ws: str, bwrap: bool) -> None:
+    def _exec(self, job: dict, ws: str, use_bwrap: bool) -> None:
+        # Everything the run's process calls is imported by the worker beforehand: after the
+        # switch to the slot uid the rlvr checkout may not be readable.
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": ws, "TMPDIR": ws,
                "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
                "PYTHONPYCACHEPREFIX": NO_PYCACHE, **job.get("env", {})}
         argv = list(job["argv"])
         if argv and argv[0] in ("python", "python3"):
             argv[0] = sys.executable  # the interpreter rlvr runs on, with its packages
-        if bwrap:
-            from rlvr.sandbox import bwrap as bw
-
-            argv = bw.wrap(self.cfg["bwrap"], argv, ws, job.get("protected", []),
+        if use_bwrap:
+            argv = bwrap.wrap(self.cfg["bwrap"], argv, ws, job.get("protected", []),
                            isolate.SYSTEM_READ_ONLY + isolate.python_paths(), env)
             env = {}
         path = shutil.which(argv[0], path=env.get("PATH", "/usr/bin:/bin")) or argv[0]
