@@ -8,7 +8,7 @@ What the strict backends guarantee (``forkserver``, the default as root, and
 ``forkserver-userns`` and ``bwrap``; see ``detect`` for how one is chosen):
 
 - **No network**: a network namespace with no interface but a downed loopback, seccomp refusing
-  every socket but AF_UNIX, and landlock refusing TCP bind/connect.
+  every socket (only unnamed socketpairs remain), and landlock refusing TCP bind/connect.
 - **Filesystem**: reads only of the system (``/usr``, the libraries) and the interpreter's
   prefixes; writes only in the run's workspace (landlock; ``bwrap`` also gives a fresh root).
   Anything under a closed home directory other than the interpreter is not even visible.

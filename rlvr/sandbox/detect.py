@@ -9,7 +9,7 @@ Backends, strongest first:
   your uid (no per-slot uid), so RLIMIT_NPROC counts your own processes too.
 - ``bwrap``: bubblewrap started as the slot's non-root uid; each run also gets a fresh root
   filesystem. Slower (an interpreter starts per run); chosen explicitly, for shell tools.
-- ``weak``: no namespaces. Landlock + seccomp (no new processes, no sockets but AF_UNIX) +
+- ``weak``: no namespaces. Landlock + seccomp (no new processes, no sockets) +
   rlimits where the kernel has them, rlimits only elsewhere (macOS). Not an isolation boundary
   against a determined attacker; training refuses it unless ``allow_weak`` is set.
 """
@@ -66,7 +66,7 @@ def capabilities() -> Capabilities:
 
 
 def _weak_gaps(caps: Capabilities) -> list[str]:
-    gaps = ["isolate the network by namespace (seccomp refuses non-unix sockets)",
+    gaps = ["isolate the network by namespace (seccomp refuses every socket instead)",
             "give each run its own uid or pid namespace (new processes are refused instead)"]
     if caps.landlock_abi == 0:
         gaps.append("restrict the filesystem (no landlock): host files are readable and writable")
