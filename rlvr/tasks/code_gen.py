@@ -1,0 +1,59 @@
+"""``code.gen``: write a small Python function from a description and two examples.
+
+    Write a Python function g(n) that returns n plus 7.      ```python
+    Examples:                                           ->    def g(n):
+    g(1) == 8                                                     return n + 7
+    g(3) == 10                                                ```
+
+Levels are those of ``code_funcs`` (one operation; two; a condition; a loop over a list). The
+reward runs the answer in the sandbox on eight **hidden** inputs that differ from the examples;
+their expected values come from the reference (a trusted evaluator of the same function) and
+never enter the sandbox. A lookup table of the examples, a constant or ``pass`` fails.
+"""
+
+from __future__ import annotations
+
+import random
+
+from rlvr.sandbox import plaindata
+from rlvr.tasks.base import DOMAINS, Domain, Problem
+from rlvr.tasks.code_funcs import Func, hidden_inputs, sample_func
+from rlvr.types import Spec
+
+NAME = "code.gen"
+VISIBLE, HIDDEN = 2, 8
+
+
+def fence(source: str) -> str:
+    return f"```python\n{source}```"
+
+
+def io_spec(func: Func, hidden: list[tuple]) -> Spec:
+    return Spec(kind="code", payload={
+        "entry_point": func.name,
+        "inputs": plaindata.encode(hidden),
+        "expected": plaindata.encode([func.fn(*a) for a in hidden]),
+    })
+
+
+def examples(func: Func, inputs: list[tuple]) -> str:
+    return "\n".join(f"{func.call(a)} == {func.fn(*a)!r}" for a in inputs)
+
+
+class CodeGenDomain(Domain):
+    name = NAME
+    version = "v1"
+    levels = (1, 2, 3, 4)
+    needs_sandbox = True
+
+    def sample(self, level: int, rng: random.Random) -> Problem:
+        func = sample_func(level, rng)
+        visible = func.inputs(rng, VISIBLE)
+        hidden = hidden_inputs(func, rng, HIDDEN, avoid=visible)
+        prompt = (f"Write a Python function {func.signature} that {func.description}.\n"
+                  f"Examples:\n{examples(func, visible)}")
+        return Problem(key=func.key, prompt=prompt, spec=io_spec(func, hidden),
+                       reference=fence(func.source))
+
+
+DOMAINS.register(NAME)(CodeGenDomain())
