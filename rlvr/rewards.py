@@ -1,22 +1,31 @@
 """Reward composition: verdict -> scalar reward plus named terms that sum to it.
 
-reward = outcome (pass / fail value, or the verifier's partial score if asked)
-       + format term (small bonus when the answer is in the required form)
-       + overlong penalty (DAPO soft punishment near the generation limit, or a fixed penalty
-         for truncated samples)
-Every term is returned separately so it can be logged as ``rollout/reward_<term>``.
+reward = outcome   pass / fail value, or the verifier's partial score if asked
+       + format    small bonus when the answer is in the required form
+       + overlong  DAPO soft punishment near the generation limit, or a fixed penalty for
+                   samples truncated at the limit
+       + length    -length_penalty per response token beyond length_target
+       + process   process_weight * lint score of the extracted program (code tasks; rlvr.lint)
+Each term is present only when configured, and returned separately so it can be logged as
+``rollout/reward_<term>``. ``reward.domains`` overrides any field for one task domain, e.g.
+``{"code.gen": {"process_weight": 0.05, "fail_reward": 0.0}}``.
+
+``score_all`` scores a batch (one ruff call for every program in it); ``score`` one trajectory.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_type_hints
 
 import torch
 
 from rlvr.algos.penalties import overlong_penalty
-from rlvr.config import check_range
-from rlvr.types import Scored, Trajectory, Verdict
+from rlvr.config import _coerce, check_range
+from rlvr.errors import ConfigError
+from rlvr.lint import lint_scores
+from rlvr.types import Scored, Task, Trajectory, Verdict
 
 
 @dataclass
@@ -36,14 +45,105 @@ class RewardConfig:
     """Tokens before the limit over which the soft penalty ramps from 0 to -overlong_penalty."""
     overlong_penalty: float = 1.0
     """Size of the overlong penalty."""
+    length_penalty: float = 0.0
+    """Penalty per response token beyond `length_target` (0 disables)."""
+    length_target: int = 0
+    """Response length in tokens up to which the length penalty is 0."""
+    process_weight: float = 0.0
+    """Weight of the lint score in [0, 1] of the program in details['code'] (0 disables; rlvr.lint)."""
+    domains: dict[str, dict] = field(default_factory=dict)
+    """Per-domain overrides of the fields above, e.g. {code.gen: {process_weight: 0.05}}."""
 
     def __post_init__(self) -> None:
-        check_range("reward.overlong_buffer", self.overlong_buffer, 0)
-        check_range("reward.format_weight", self.format_weight, 0.0)
+        _check_ranges(vars(self), "reward")
+        self.domains = _flatten_domains(self.domains)
+        for domain in self.domains:
+            self.for_domain(domain)  # validate every override now, not at the first batch
+
+    def for_domain(self, domain: str) -> RewardConfig:
+        """The effective config for tasks of ``domain``: this one with its overrides applied."""
+        overrides = self.domains.get(domain)
+        if not overrides:
+            return self
+        prefix = f"reward.domains.{domain}"
+        hints = get_type_hints(RewardConfig)
+        allowed = [f.name for f in dataclasses.fields(RewardConfig) if f.name != "domains"]
+        values = {}
+        for key, value in overrides.items():
+            if key not in allowed:
+                raise ConfigError(f"unknown config key '{prefix}.{key}'; allowed keys in "
+                                  f"'{prefix}': {', '.join(sorted(allowed))}")
+            values[key] = _coerce(f"{prefix}.{key}", value, hints[key])
+        _check_ranges(values, prefix)
+        return dataclasses.replace(self, domains={}, **values)
+
+
+_RANGES = {"overlong_buffer": 0, "format_weight": 0.0, "length_penalty": 0.0, "length_target": 0,
+           "process_weight": 0.0}  # lower bounds
+
+
+def _check_ranges(values: dict[str, Any], prefix: str) -> None:
+    for key, lo in _RANGES.items():
+        if key in values:
+            check_range(f"{prefix}.{key}", values[key], lo)
+
+
+def _flatten_domains(domains: dict[str, Any], parent: str = "") -> dict[str, Any]:
+    """Nested sections become dotted domain names, so ``--set reward.domains.code.gen.fail_reward=0``
+    (parsed as {code: {gen: {...}}}) means domain ``code.gen``. A field name is never a domain."""
+    fields = {f.name for f in dataclasses.fields(RewardConfig)}
+    out: dict[str, Any] = {}
+    for name, section in domains.items():
+        domain = f"{parent}.{name}" if parent else str(name)
+        if not isinstance(section, dict):
+            raise ConfigError(f"config key 'reward.domains.{domain}' must be a mapping of reward "
+                              f"fields to values, got {section!r}")
+        own = {k: v for k, v in section.items() if k in fields or not isinstance(v, dict)}
+        nested = {k: v for k, v in section.items() if k not in own}
+        if own or not nested:
+            out[domain] = {**out.get(domain, {}), **own}
+        for sub, sub_section in _flatten_domains(nested, domain).items():
+            out[sub] = {**out.get(sub, {}), **sub_section}
+    return out
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def score_all(tasks: list[Task], verdicts: list[Verdict], trajectories: list[Trajectory], cfg: RewardConfig,
+              max_new_tokens: int) -> list[Scored]:
+    """Compose the reward of a batch; ``tasks[i]`` is the task of ``trajectories[i]``.
+
+    Applies ``cfg.domains`` per task domain and lints every program that needs a process term
+    in one ruff call.
+    """
+    if not len(tasks) == len(verdicts) == len(trajectories):
+        raise ValueError(f"need one task and one verdict per trajectory, got {len(tasks)} tasks, "
+                         f"{len(verdicts)} verdicts and {len(trajectories)} trajectories")
+    by_domain = {d: cfg.for_domain(d) for d in {t.domain for t in tasks}}
+    effective = [by_domain[t.domain] for t in tasks]
+    programs = [_program(v) if c.process_weight > 0 else None for c, v in zip(effective, verdicts)]
+    todo = list(dict.fromkeys(p for p in programs if p is not None))
+    linted = dict(zip(todo, lint_scores(todo))) if todo else {}
+    return [_compose(v, traj, c, max_new_tokens, linted.get(p, 0.0))
+            for v, traj, c, p in zip(verdicts, trajectories, effective, programs)]
 
 
 def score(verdict: Verdict, trajectory: Trajectory, cfg: RewardConfig, max_new_tokens: int) -> Scored:
-    """Compose the reward for one trajectory (pure)."""
+    """Compose the reward for one trajectory under ``cfg`` as given (no domain overrides)."""
+    program = _program(verdict) if cfg.process_weight > 0 else None
+    lint = lint_scores([program])[0] if program is not None else 0.0
+    return _compose(verdict, trajectory, cfg, max_new_tokens, lint)
+
+
+def _program(verdict: Verdict) -> str | None:
+    code = verdict.details.get("code")
+    return code if isinstance(code, str) else None
+
+
+def _compose(verdict: Verdict, trajectory: Trajectory, cfg: RewardConfig, max_new_tokens: int,
+             lint: float) -> Scored:
+    """The named terms for one trajectory; ``lint`` is its program's lint score (0 if none)."""
     if cfg.outcome == "binary":
         outcome = cfg.pass_reward if verdict.passed else cfg.fail_reward
     else:
@@ -57,4 +157,8 @@ def score(verdict: Verdict, trajectory: Trajectory, cfg: RewardConfig, max_new_t
                                                    buffer=cfg.overlong_buffer, penalty=cfg.overlong_penalty)[0])
     elif cfg.overlong == "truncated":
         terms["overlong"] = -cfg.overlong_penalty if trajectory.finish_reason == "length" else 0.0
+    if cfg.length_penalty:
+        terms["length"] = -cfg.length_penalty * max(0, trajectory.num_policy_tokens - cfg.length_target)
+    if cfg.process_weight:
+        terms["process"] = cfg.process_weight * lint
     return Scored(trajectory=trajectory, verdict=verdict, reward=sum(terms.values()), terms=terms)
