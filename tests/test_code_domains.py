@@ -14,8 +14,8 @@ import pytest
 
 from rlvr.sandbox import Job, Limits, Sandbox, choose, plaindata
 from rlvr.tasks import check_disjoint, generate_tasks
-from rlvr.tasks.code_funcs import LEVELS, mutate, sample_func
 from rlvr.tasks.base import seeded_rng
+from rlvr.tasks.code_funcs import LEVELS, mutate, sample_func
 
 DOMAINS = ("code.gen", "code.debug")
 
@@ -28,7 +28,7 @@ def visible_cases(task) -> dict[str, object]:
     """repr(args) -> output for every example the prompt shows."""
     text, name = task.prompt[0]["content"], task.spec.payload["entry_point"]
     cases = {}
-    for call, out in re.findall(rf"^{name}\((.*)\) == (.*)$", text, re.M):
+    for call, out in re.findall(rf"^{name}\((.*)\) == (.*)$", text, re.MULTILINE):
         cases[repr(tuple(ast.literal_eval(f"({call},)")))] = ast.literal_eval(out)
     for call, out in re.findall(rf"{name}\((.*)\) returned .*, expected (.*)\. Fix it\.", text):
         cases[repr(tuple(ast.literal_eval(f"({call},)")))] = ast.literal_eval(out)
@@ -91,7 +91,7 @@ def test_debug_shows_a_real_failing_case():
             assert buggy.body != func.body
             assert any(buggy.fn(*a) != func.fn(*a) for a in func.inputs(rng, 30))
     for t in generate_tasks("code.debug", "train", 40, seed=2):
-        (case, want), = visible_cases(t).items()
+        ((_, want),) = visible_cases(t).items()
         shown = t.prompt[0]["content"]
         assert "returned" in shown and f"expected {want!r}" in shown
 

@@ -15,8 +15,9 @@ sampler. ``mutate`` gives a plausible bug of the same function for ``code.debug`
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 NAMES = ("f", "g", "h", "calc", "solve", "compute")
 ARGS1 = ("x", "n", "a")
@@ -126,7 +127,7 @@ def _level3(rng: random.Random, name: str) -> Func:
                     f"returns {x} minus {k} if {x} is {cword} {k}, otherwise {otherwise}",
                     (f"if {x} {cmp} {k}:", f">return {x} - {k}", f"return {otherwise}"),
                     lambda v, cfn=cfn, k=k, o=otherwise: v - k if cfn(v, k) else o, _int_arg)
-    yes, no = rng.sample(range(0, 10), 2)
+    yes, no = rng.sample(range(10), 2)
     return Func(f"L3:{x}{cmp}{k}->{yes}|{no}", name, (x,),
                 f"returns {yes} if {x} is {cword} {k}, otherwise {no}",
                 (f"if {x} {cmp} {k}:", f">return {yes}", f"return {no}"),
