@@ -15,7 +15,7 @@ from rlvr.algos.passk import pass_at_k, wilson_interval, confidence_interval
 from rlvr.rollout.collect import collect
 from rlvr.rollout.engine import SamplingParams
 from rlvr.types import Task
-from rlvr.verifiers import get_verifier
+from rlvr.verifiers import check_all
 from rlvr.config import check_range
 
 
@@ -55,10 +55,10 @@ def evaluate(model, tokenizer, tasks: list[Task], cfg: EvalConfig, *, seed: int 
     )
     gen = torch.Generator().manual_seed(seed)
     trajectories = collect(model, tokenizer, tasks, params, generator=gen, batch_size=cfg.batch_size)
+    verdicts = check_all([(tasks[traj.group_id], traj.completion) for traj in trajectories])
     correct: dict[str, int] = defaultdict(int)
-    for traj in trajectories:
-        task = tasks[traj.group_id]
-        correct[task.id] += int(get_verifier(task).check(task, traj.completion).passed)
+    for traj, verdict in zip(trajectories, verdicts):
+        correct[tasks[traj.group_id].id] += int(verdict.passed)
 
     def stats(subset: list[Task]) -> dict:
         out: dict = {"n_tasks": len(subset), "samples": cfg.samples}

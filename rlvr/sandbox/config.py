@@ -1,7 +1,11 @@
-"""How a run configures its sandbox, and the one place that opens it (and refuses weak ones)."""
+"""How a run configures its sandbox, the one place that opens it (and refuses weak ones), and the
+process-wide shared one that verifiers use (``shared_sandbox``)."""
 
 from __future__ import annotations
 
+import atexit
+import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,3 +45,41 @@ def open_sandbox(cfg: SandboxConfig, run_dir: str | Path | None = None, warn=pri
     for w in caught:
         warn(f"WARNING: {w.message}")
     return sandbox
+
+
+# ---------------------------------------------------------------- the process-wide sandbox
+
+_shared = None
+_shared_pid = 0  # the process that opened it: a forked child never closes its parent's pool
+_shared_lock = threading.Lock()
+
+
+def _is_open(sandbox) -> bool:
+    return sandbox is not None and not getattr(sandbox, "_closed", False)
+
+
+def shared_sandbox(cfg: SandboxConfig | None = None, run_dir: str | Path | None = None, warn=print):
+    """The process-wide ``Sandbox``, opened on first use with ``open_sandbox(cfg or default)``.
+
+    Later calls return the same pool and ignore ``cfg``/``run_dir`` (unless it was closed, or
+    this is a forked child of the process that opened it: then a new one is opened with them).
+    Thread-safe; closed at interpreter exit.
+    """
+    global _shared, _shared_pid
+    with _shared_lock:
+        if not _is_open(_shared) or _shared_pid != os.getpid():
+            _shared = open_sandbox(cfg or SandboxConfig(), run_dir, warn)
+            _shared_pid = os.getpid()
+        return _shared
+
+
+def close_shared_sandbox() -> None:
+    """Close the process-wide sandbox, if one is open; the next ``shared_sandbox()`` reopens."""
+    global _shared
+    with _shared_lock:
+        sandbox, _shared = _shared, None
+    if _is_open(sandbox) and _shared_pid == os.getpid():
+        sandbox.close()
+
+
+atexit.register(close_shared_sandbox)

@@ -49,5 +49,8 @@ class CodeDebugDomain(Domain):
         return Problem(key=buggy.key, prompt=prompt, spec=io_spec(func, hidden),
                        reference=fence(func.source))
 
+    def corpus_text(self, problem: Problem, rng: random.Random) -> str:
+        return problem.reference.removeprefix("```python\n").removesuffix("```")  # code only
+
 
 DOMAINS.register(NAME)(CodeDebugDomain())

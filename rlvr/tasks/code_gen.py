@@ -55,5 +55,11 @@ class CodeGenDomain(Domain):
         return Problem(key=func.key, prompt=prompt, spec=io_spec(func, hidden),
                        reference=fence(func.source))
 
+    def corpus_text(self, problem: Problem, rng: random.Random) -> str:
+        # Code and its behaviour, never the English description: pretraining teaches Python,
+        # the mapping from a description to code is left to SFT and RL.
+        code = problem.reference.removeprefix("```python\n").removesuffix("```")
+        return code + problem.prompt.split("Examples:\n", 1)[1]
+
 
 DOMAINS.register(NAME)(CodeGenDomain())

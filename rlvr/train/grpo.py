@@ -31,16 +31,16 @@ from rlvr.eval.evaluate import EvalConfig, evaluate
 from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint, save_model_dir
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.monitor.metrics import MetricsLogger
-from rlvr.rewards import RewardConfig, score
+from rlvr.rewards import RewardConfig, score_all
 from rlvr.rollout.collect import collect
 from rlvr.rollout.engine import SamplingParams, sequence_logprobs
-from rlvr.sandbox.config import SandboxConfig, open_sandbox
+from rlvr.sandbox.config import SandboxConfig, shared_sandbox
 from rlvr.tasks.base import DOMAINS, generate_tasks
 from rlvr.train.batching import collate, select
 from rlvr.train.common import (OptimConfig, Timer, build_optimizer, clip_and_step, prepare_run_dir,
                                restore_training_state, seed_everything, training_state)
 from rlvr.types import Batch, Scored, Task, Trajectory
-from rlvr.verifiers import get_verifier
+from rlvr.verifiers import check_all
 
 
 @dataclass
@@ -169,8 +169,6 @@ def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) ->
                 checkpoint(run, cfg)
             bar.update(job, advance=1, description=f"grpo reward {metrics['rollout/reward_mean']:.2f}")
     run.logger.close()
-    if run.sandbox is not None:
-        run.sandbox.close()
     save_model_dir(run.dir / "final", run.model, run.tokenizer)
     return {"steps": cfg.steps, "seconds": time.perf_counter() - run.started}
 
@@ -194,7 +192,7 @@ class Run:
     logger: MetricsLogger
     step: int
     started: float
-    sandbox: object | None = None  # rlvr.sandbox.Sandbox when a domain executes model code
+    sandbox: object | None = None  # the shared rlvr.sandbox.Sandbox when a domain runs model code
 
 
 def setup(cfg: GRPOConfig, resume: bool) -> Run:
@@ -219,7 +217,8 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
         step = state["step"]
     logger = MetricsLogger(run_dir, resume_step=step if resume else None)
     needs_sandbox = any(getattr(DOMAINS.get(d), "needs_sandbox", False) for d in cfg.domains)
-    sandbox = open_sandbox(cfg.sandbox, run_dir) if needs_sandbox else None
+    # The process-wide sandbox (the code verifier runs there), opened with this run's config.
+    sandbox = shared_sandbox(cfg.sandbox, run_dir) if needs_sandbox else None
     return Run(cfg, run_dir, model, tokenizer, ref_model, optimizer, scheduler, pool, generator, logger, step,
                time.perf_counter(), sandbox)
 
@@ -234,12 +233,9 @@ def rollout(run: Run, tasks: list[Task], policy_version: int) -> list[Trajectory
 
 
 def verify_and_reward(tasks: list[Task], trajectories: list[Trajectory], cfg: GRPOConfig) -> list[Scored]:
-    out = []
-    for traj in trajectories:
-        task = tasks[traj.group_id]
-        verdict = get_verifier(task).check(task, traj.completion)
-        out.append(score(verdict, traj, cfg.reward, cfg.rollout.max_new_tokens))
-    return out
+    matched = [tasks[traj.group_id] for traj in trajectories]
+    verdicts = check_all(list(zip(matched, (traj.completion for traj in trajectories))))
+    return score_all(matched, verdicts, trajectories, cfg.reward, cfg.rollout.max_new_tokens)
 
 
 def compute_advantages(scored: list[Scored], cfg: GRPOConfig) -> tuple[list[Scored], list[float]]:

@@ -24,27 +24,37 @@ from rlvr.eval.evaluate import EvalConfig, evaluate
 from rlvr.eval import plots
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.monitor.metrics import read_metrics
-from rlvr.sandbox.config import SandboxConfig
+from rlvr.sandbox.config import SandboxConfig, shared_sandbox
+from rlvr.tasks.base import DOMAINS as DOMAIN_REGISTRY
 from rlvr.tasks.base import check_disjoint, generate_tasks
-from rlvr.train.grpo import GRPOConfig, run_grpo
+from rlvr.train.grpo import GRPOConfig, RolloutConfig, run_grpo
 from rlvr.train.pretrain import PretrainConfig, run_pretrain
 from rlvr.train.sft import SFTConfig, run_sft
+
+
+DOMAINS = ["math.arith", "math.word", "code.gen"]
+MAX_NEW_TOKENS = 64  # the longest code.gen reference is about 48 tokens
 
 
 @dataclass
 class QuickstartConfig:
     out: str = "runs/quickstart"
     """Directory for every stage's output and the report."""
-    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
-    """The prior: 600 steps is past the point where the tiny model picks up digit arithmetic."""
-    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=20))
+    pretrain: PretrainConfig = field(default_factory=lambda: PretrainConfig(
+        domains=list(DOMAINS), steps=900))
+    """The prior, on math and code text: past the point where the tiny model picks up digit
+    arithmetic and the shape of small Python functions."""
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=20, domains=list(DOMAINS)))
     """A deliberately short SFT (640 demonstrations): the model adopts the chat format but uses
-    only part of what the prior knows (about 33% pass@1), leaving RL real headroom."""
+    only part of what the prior knows, leaving RL real headroom."""
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(
-        steps=150, sandbox=SandboxConfig(allow_weak=True)))
-    """GRPO on the same domains and levels (150 steps x 16 tasks x 8 samples). The quickstart
-    accepts the weak sandbox (with a printed warning) so it runs on any laptop."""
-    eval: EvalConfig = field(default_factory=EvalConfig)
+        steps=150, domains=list(DOMAINS), rollout=RolloutConfig(max_new_tokens=MAX_NEW_TOKENS),
+        sandbox=SandboxConfig(allow_weak=True)))
+    """GRPO on math and code together (150 steps x 16 tasks x 8 samples); code answers run in the
+    sandbox against hidden tests. The quickstart accepts the weak sandbox (with a printed
+    warning) so it runs on any laptop."""
+    eval: EvalConfig = field(default_factory=lambda: EvalConfig(
+        domains=list(DOMAINS), tasks=600, max_new_tokens=MAX_NEW_TOKENS))
     """The held-out suite evaluated before and after RL."""
 
 
@@ -77,6 +87,9 @@ def run_quickstart(cfg: QuickstartConfig, *, resume: bool = False, console: Cons
     else:
         stage("pretrain", lambda: run_pretrain(pre, resume=resume))
         key_file.write_text(_cache_key(pre))
+
+    if any(getattr(DOMAIN_REGISTRY.get(d), "needs_sandbox", False) for d in cfg.eval.domains):
+        shared_sandbox(cfg.grpo.sandbox, out)  # code answers of every stage run here
 
     sft = dataclasses.replace(cfg.sft, model=str(out / "pretrain/final"), out=str(out / "sft"))
     stage("sft", lambda: run_sft(sft))

@@ -1,6 +1,9 @@
-"""Verifiers. Importing this package registers the built-in ones (``math``)."""
+"""Verifiers. Importing this package registers the built-in ones (``math``, ``code``).
 
-from rlvr.verifiers import math  # noqa: F401  (registration side effect)
-from rlvr.verifiers.base import VERIFIERS, Verifier, get_verifier
+``code`` imports the sandbox only when it first runs code, so importing this package stays cheap.
+"""
 
-__all__ = ["VERIFIERS", "Verifier", "get_verifier"]
+from rlvr.verifiers import code, math  # noqa: F401  (registration side effect)
+from rlvr.verifiers.base import VERIFIERS, Verifier, check_all, get_verifier
+
+__all__ = ["VERIFIERS", "Verifier", "check_all", "get_verifier"]

@@ -16,7 +16,11 @@ from rlvr.types import Task, Verdict
 
 
 class Verifier(Protocol):
-    """Anything with a ``name`` and ``check(task, completion) -> Verdict``."""
+    """Anything with a ``name`` and ``check(task, completion) -> Verdict``.
+
+    A verifier may also have ``check_many(pairs) -> list[Verdict]`` (same verdicts, in order,
+    computed together); ``check_all`` uses it when present.
+    """
 
     name: str
 
@@ -29,3 +33,29 @@ VERIFIERS: Registry[Verifier] = Registry("verifier")
 def get_verifier(task: Task) -> Verifier:
     """The verifier registered for ``task.spec.kind`` (``UserError`` listing choices if none)."""
     return VERIFIERS.get(task.spec.kind)
+
+
+def check_all(pairs: list[tuple[Task, str]]) -> list[Verdict]:
+    """Verdicts for ``(task, completion)`` pairs, in input order.
+
+    Pairs are grouped by verifier; a verifier with ``check_many(pairs)`` (e.g. ``code``, which
+    sends a whole batch to the sandbox at once) gets its group in one call, others are called
+    with ``check`` one pair at a time.
+    """
+    verdicts: list[Verdict | None] = [None] * len(pairs)
+    groups: dict[str, list[int]] = {}
+    for i, (task, _completion) in enumerate(pairs):
+        groups.setdefault(task.spec.kind, []).append(i)
+    for kind, indices in groups.items():
+        verifier = VERIFIERS.get(kind)
+        check_many = getattr(verifier, "check_many", None)
+        if callable(check_many):
+            out = check_many([pairs[i] for i in indices])
+            if len(out) != len(indices):
+                raise RuntimeError(f"verifier {kind!r}: check_many returned {len(out)} verdicts "
+                                   f"for {len(indices)} pairs")
+        else:
+            out = [verifier.check(*pairs[i]) for i in indices]
+        for i, verdict in zip(indices, out):
+            verdicts[i] = verdict
+    return verdicts  # type: ignore[return-value]  (every slot is filled above)
