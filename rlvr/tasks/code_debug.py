@@ -37,11 +37,13 @@ class CodeDebugDomain(Domain):
             buggy = mutate(func, rng)
             if buggy is None:
                 continue
-            failing = [a for a in func.inputs(rng, 30) if buggy.fn(*a) != func.fn(*a)]
-            if len(failing) >= 2:  # one to show, one more to hide
+            failing = [a for a in func.inputs(rng, 16) if buggy.fn(*a) != func.fn(*a)]
+            if len(failing) < 2:  # one to show, one more to hide
+                continue
+            shown, caught = failing[0], failing[1]
+            hidden = hidden_inputs(func, rng, HIDDEN, avoid=[shown], include=[caught])
+            if hidden is not None:
                 break
-        shown, caught = failing[0], failing[1]
-        hidden = hidden_inputs(func, rng, HIDDEN, avoid=[shown], include=[caught])
         prompt = (f"This function should {func.description.replace('returns', 'return', 1)}, "
                   f"but it is wrong:\n{fence(buggy.source)}\n"
                   f"{func.call(shown)} returned {buggy.fn(*shown)!r}, expected {func.fn(*shown)!r}. "

@@ -47,9 +47,12 @@ class CodeGenDomain(Domain):
     needs_sandbox = True
 
     def sample(self, level: int, rng: random.Random) -> Problem:
-        func = sample_func(level, rng)
-        visible = func.inputs(rng, VISIBLE)
-        hidden = hidden_inputs(func, rng, HIDDEN, avoid=visible)
+        while True:
+            func = sample_func(level, rng)
+            visible = func.inputs(rng, VISIBLE)
+            hidden = hidden_inputs(func, rng, HIDDEN, avoid=visible)
+            if hidden is not None:
+                break
         prompt = (f"Write a Python function {func.signature} that {func.description}.\n"
                   f"Examples:\n{examples(func, visible)}")
         return Problem(key=func.key, prompt=prompt, spec=io_spec(func, hidden),
