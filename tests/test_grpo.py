@@ -106,3 +106,28 @@ def test_killed_run_resumes_to_same_metrics(tiny_model_dir, tmp_path, monkeypatc
     a, b = strip(read_metrics(tmp_path / "straight")), strip(read_metrics(tmp_path / "crashed"))
     assert [r["step"] for r in b] == [1, 2, 3, 4, 5]
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_task_files_join_the_pool_and_broken_tasks_are_dropped(tiny_model_dir, tmp_path, capsys):
+    from rlvr.sandbox import choose
+    from rlvr.train.grpo import run_grpo
+
+    if not choose("auto").strict:
+        pytest.skip("no strict sandbox backend here")
+    good = {"task_id": "T/0", "prompt": "def inc(x):\n", "canonical_solution": "    return x + 1\n",
+            "test": "def check(candidate):\n    assert candidate(1) == 2\n", "entry_point": "inc"}
+    broken = dict(good, task_id="T/1", canonical_solution="    return x + 2\n")
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(json.dumps(t) for t in (good, broken)) + "\n")
+    cfg = _cfg(tiny_model_dir, tmp_path / "run", steps=2, task_files=f"[{path}]")
+    run_grpo(cfg, progress=False)
+    printed = capsys.readouterr().out
+    assert "kept 1 of 2" in printed and "dropped 1" in printed, printed
+    assert len(read_metrics(tmp_path / "run")) == 2  # the run went on with the rest
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(good) + "\n" + json.dumps({k: v for k, v in good.items() if k != "test"}) + "\n")
+    from rlvr.errors import UserError
+
+    with pytest.raises(UserError, match=r"bad\.jsonl:2: .*'test'"):
+        run_grpo(_cfg(tiny_model_dir, tmp_path / "run2", steps=1, task_files=f"[{bad}]"), progress=False)

@@ -28,7 +28,12 @@ from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES
 from rlvr.config import check_choice, check_range
 from rlvr.curriculum.pool import TaskPool
 from rlvr.eval.evaluate import EvalConfig, evaluate
-from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint, save_model_dir
+from rlvr.model.checkpoint import (
+    latest_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+    save_model_dir,
+)
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.monitor.metrics import MetricsLogger
 from rlvr.rewards import RewardConfig, score_all
@@ -36,9 +41,18 @@ from rlvr.rollout.collect import collect
 from rlvr.rollout.engine import SamplingParams, sequence_logprobs
 from rlvr.sandbox.config import SandboxConfig, shared_sandbox
 from rlvr.tasks.base import DOMAINS, generate_tasks
+from rlvr.tasks.files import load_task_file
 from rlvr.train.batching import collate, select
-from rlvr.train.common import (OptimConfig, Timer, build_optimizer, clip_and_step, prepare_run_dir,
-                               restore_training_state, seed_everything, training_state)
+from rlvr.train.common import (
+    OptimConfig,
+    Timer,
+    build_optimizer,
+    clip_and_step,
+    prepare_run_dir,
+    restore_training_state,
+    seed_everything,
+    training_state,
+)
 from rlvr.types import Batch, Scored, Task, Trajectory
 from rlvr.verifiers import check_all
 
@@ -114,6 +128,10 @@ class GRPOConfig:
     """Difficulty levels in the pool."""
     train_tasks: int = 4000
     """Size of the training task pool (train split)."""
+    task_files: list[str] = field(default_factory=list)
+    """JSONL task files (HumanEval-style or rlvr's own) added to the pool. A malformed line stops
+    the run naming file, line and field; a task whose reference fails its own tests is dropped,
+    and the run says how many were."""
     steps: int = 100
     """RL steps (one rollout batch each)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -204,7 +222,13 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     if cfg.algo.kl_coef > 0:
         ref_model, _ = load_model_and_tokenizer(cfg.model)
         ref_model.eval().requires_grad_(False)
+    needs_sandbox = bool(cfg.task_files) or any(
+        getattr(DOMAINS.get(d), "needs_sandbox", False) for d in cfg.domains)
+    # The process-wide sandbox (the code verifier runs there), opened with this run's config.
+    sandbox = shared_sandbox(cfg.sandbox, run_dir) if needs_sandbox else None
     tasks = generate_tasks(cfg.domains, "train", cfg.train_tasks, seed=cfg.seed, levels=cfg.levels)
+    for path in cfg.task_files:
+        tasks += load_task_file(path)[0]
     per_step = cfg.rollout.tasks_per_step * cfg.rollout.samples_per_task
     updates_per_step = cfg.algo.ppo_epochs * math.ceil(per_step / (cfg.algo.minibatch_size or per_step))
     optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.steps * updates_per_step)
@@ -216,9 +240,6 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
         pool.load_state_dict(state["pool"])
         step = state["step"]
     logger = MetricsLogger(run_dir, resume_step=step if resume else None)
-    needs_sandbox = any(getattr(DOMAINS.get(d), "needs_sandbox", False) for d in cfg.domains)
-    # The process-wide sandbox (the code verifier runs there), opened with this run's config.
-    sandbox = shared_sandbox(cfg.sandbox, run_dir) if needs_sandbox else None
     return Run(cfg, run_dir, model, tokenizer, ref_model, optimizer, scheduler, pool, generator, logger, step,
                time.perf_counter(), sandbox)
 

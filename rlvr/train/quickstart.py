@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from rlvr.config import save_config, to_dict
-from rlvr.eval.evaluate import EvalConfig, evaluate
 from rlvr.eval import plots
+from rlvr.eval.evaluate import EvalConfig, evaluate
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.monitor.metrics import read_metrics
 from rlvr.sandbox.config import SandboxConfig, shared_sandbox
@@ -30,7 +30,6 @@ from rlvr.tasks.base import check_disjoint, generate_tasks
 from rlvr.train.grpo import GRPOConfig, RolloutConfig, run_grpo
 from rlvr.train.pretrain import PretrainConfig, run_pretrain
 from rlvr.train.sft import SFTConfig, run_sft
-
 
 DOMAINS = ["math.arith", "math.word", "code.gen"]
 MAX_NEW_TOKENS = 64  # the longest code.gen reference is about 48 tokens
