@@ -22,6 +22,7 @@ from rlvr.types import Spec
 
 NAME = "code.gen"
 VISIBLE, HIDDEN = 2, 8
+DESCRIBED_FRACTION = 0.25  # of pretraining items (see ``corpus_text``)
 
 
 def fence(source: str) -> str:
@@ -59,10 +60,12 @@ class CodeGenDomain(Domain):
                        reference=fence(func.source))
 
     def corpus_text(self, problem: Problem, rng: random.Random) -> str:
-        # Code and its behaviour, never the English description: pretraining teaches Python,
-        # the mapping from a description to code is left to SFT and RL.
-        code = problem.reference.removeprefix("```python\n").removesuffix("```")
-        return code + problem.prompt.split("Examples:\n", 1)[1]
+        # Mostly code and its behaviour; only a quarter of the items pair an English description
+        # with its code, so the prior knows Python well and the mapping from descriptions to code
+        # only partly: SFT and RL have the rest to do.
+        if rng.random() < DESCRIBED_FRACTION:
+            return f"{problem.prompt}\n{problem.reference}"
+        return problem.reference + "\n" + problem.prompt.split("Examples:\n", 1)[1]
 
 
 DOMAINS.register(NAME)(CodeGenDomain())

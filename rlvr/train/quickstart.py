@@ -40,7 +40,7 @@ class QuickstartConfig:
     out: str = "runs/quickstart"
     """Directory for every stage's output and the report."""
     pretrain: PretrainConfig = field(default_factory=lambda: PretrainConfig(
-        domains=list(DOMAINS), steps=900))
+        domains=list(DOMAINS), steps=1200))
     """The prior, on math and code text: past the point where the tiny model picks up digit
     arithmetic and the shape of small Python functions."""
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=20, domains=list(DOMAINS)))
