@@ -6,7 +6,7 @@
   ``code`` task with id ``file:<stem>/<task_id>``, the prompt in an instruction, and the
   canonical solution as ``meta["reference"]`` (one fenced block, as the verifier expects).
 - **rlvr's own**: a ``Task.to_dict()`` line (``id``, ``domain``, ``level``, ``prompt``,
-  ``spec``, ``meta``), as ``rlvr tasks export`` writes them.
+  ``spec``, ``meta``), as ``rlvr tasks show`` prints them.
 
 A malformed line is a ``UserError`` naming the file, the 1-based line and the field. A task whose
 own reference solution fails its own tests (code tasks: checked in the sandbox, all in one batch)
