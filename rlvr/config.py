@@ -118,8 +118,21 @@ def from_dict(cls: type[C], data: dict[str, Any], prefix: str = "") -> C:
                 f"unknown config key '{full}'; allowed keys"
                 f"{' in ' + repr(prefix) if prefix else ''}: {', '.join(sorted(fields))}"
             )
+        f = fields[key]
+        if (isinstance(value, dict) and isinstance(hints[key], type)
+                and dataclasses.is_dataclass(hints[key]) and f.default_factory is not dataclasses.MISSING):
+            # A nested section starts from the *parent's* default for it, not the section's class
+            # defaults: `--set grpo.steps=5` on the quickstart keeps the quickstart's GRPO domains.
+            value = _merged(to_dict(f.default_factory()), value)
         kwargs[key] = _coerce(full, value, hints[key])
     return cls(**kwargs)
+
+
+def _merged(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in update.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -89,3 +89,15 @@ def test_console_script_exit_code(tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "rlvr: error:" in proc.stderr and "rlvr pretrain" in proc.stderr
+
+
+def test_overriding_one_key_of_a_section_keeps_the_parents_defaults_for_the_rest():
+    from rlvr.config import load_config
+    from rlvr.train.quickstart import QuickstartConfig
+
+    default = QuickstartConfig()
+    cfg = load_config(QuickstartConfig, None, ["grpo.steps=7", "grpo.rollout.temperature=0.5"])
+    assert cfg.grpo.steps == 7 and cfg.grpo.rollout.temperature == 0.5
+    assert cfg.grpo.domains == default.grpo.domains  # not GRPOConfig's own default domains
+    assert cfg.grpo.rollout.max_new_tokens == default.grpo.rollout.max_new_tokens
+    assert cfg.grpo.sandbox.allow_weak == default.grpo.sandbox.allow_weak
