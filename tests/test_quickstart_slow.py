@@ -1,4 +1,4 @@
-"""The quickstart's acceptance at full size (about 15 minutes on 2 cores): `make test-slow`."""
+"""The quickstart's acceptance at full size (about 20 minutes on 2 cores): `make test-slow`."""
 
 from __future__ import annotations
 

@@ -47,11 +47,12 @@ class QuickstartConfig:
     """A deliberately short SFT (640 demonstrations): the model adopts the chat format but uses
     only part of what the prior knows, leaving RL real headroom."""
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(
-        steps=150, domains=list(DOMAINS), rollout=RolloutConfig(max_new_tokens=MAX_NEW_TOKENS),
+        steps=350, domains=list(DOMAINS), train_tasks=1200,
+        rollout=RolloutConfig(max_new_tokens=MAX_NEW_TOKENS),
         sandbox=SandboxConfig(allow_weak=True)))
-    """GRPO on math and code together (150 steps x 16 tasks x 8 samples); code answers run in the
-    sandbox against hidden tests. The quickstart accepts the weak sandbox (with a printed
-    warning) so it runs on any laptop."""
+    """GRPO on math and code together (350 steps x 16 tasks x 8 samples, a pool balanced over
+    the three domains); code answers run in the sandbox against hidden tests. The quickstart
+    accepts the weak sandbox (with a printed warning) so it runs on any laptop."""
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(
         domains=list(DOMAINS), tasks=600, max_new_tokens=MAX_NEW_TOKENS))
     """The held-out suite evaluated before and after RL."""
