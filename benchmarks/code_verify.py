@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 
 from rlvr.sandbox import choose, plaindata
-from rlvr.sandbox.bench import idle_cpu
+from rlvr.monitor.cpu import idle_cpu
 from rlvr.sandbox.config import SandboxConfig, close_shared_sandbox, shared_sandbox
 from rlvr.types import Spec, Task
 from rlvr.verifiers.code import CodeVerifier, use_sandbox

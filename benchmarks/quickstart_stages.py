@@ -20,20 +20,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def idle_cpu(seconds: float = 1.0) -> float:
-    """Fraction of CPU time idle over a short window (Linux /proc/stat)."""
-    def read() -> tuple[int, int]:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-        return fields[3] + fields[4], sum(fields)
-    try:
-        i0, t0 = read()
-        time.sleep(seconds)
-        i1, t1 = read()
-        return (i1 - i0) / max(t1 - t0, 1)
-    except OSError:
-        return float("nan")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="runs/bench/quickstart")
@@ -45,6 +31,7 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     from rlvr.config import load_config
+    from rlvr.monitor.cpu import idle_cpu
     from rlvr.train.quickstart import QuickstartConfig, run_quickstart
 
     hf_logging.disable_progress_bar()

@@ -31,23 +31,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rlvr.monitor.cpu import idle_cpu  # noqa: E402
+
 TARGET_MS = 5.0
 SANDBOX_EDIT = ("name = input()\ndata = open(name).read()\n"
                 "open(name, 'w').write(data.upper())\n")
-
-
-def idle_cpu(seconds: float = 1.0) -> float:
-    """Fraction of CPU time idle over a short window (Linux /proc/stat)."""
-    def read() -> tuple[int, int]:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-        return fields[3] + fields[4], sum(fields)
-    try:
-        i0, t0 = read()
-        time.sleep(seconds)
-        i1, t1 = read()
-        return (i1 - i0) / max(t1 - t0, 1)
-    except OSError:
-        return float("nan")
 
 
 def make_files(n: int) -> dict[str, str]:

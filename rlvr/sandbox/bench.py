@@ -13,6 +13,7 @@ background load hits both; throughput is the median over rounds.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -21,6 +22,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from rlvr.monitor.cpu import idle_cpu
 from rlvr.sandbox import harness, plaindata
 from rlvr.sandbox.pool import Sandbox, interpret
 from rlvr.sandbox.types import ExecResult, Job, Limits
@@ -124,21 +126,6 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def idle_cpu(seconds: float = 1.0) -> float | None:
-    """Fraction of CPU time idle over a short window (load averages mislead on these VMs)."""
-    def sample():
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        return fields[3] + fields[4], sum(fields)  # idle + iowait, total
-    try:
-        i0, t0 = sample()
-        time.sleep(seconds)
-        i1, t1 = sample()
-    except OSError:
-        return None
-    return (i1 - i0) / max(1, t1 - t0)
-
-
 def default_baselines() -> list[str]:
     """The interpreter rlvr runs on, and Debian's system python3 (faster start-up) if present."""
     pythons = [sys.executable]
@@ -201,7 +188,7 @@ def run_bench(n: int = 200, rounds: int = 3, workers: int | None = None, kind: s
 
 
 def format_report(r: dict) -> str:
-    idle = "unknown" if r["idle_cpu_before"] is None else f"{100 * r['idle_cpu_before']:.0f}%"
+    idle = "unknown" if math.isnan(r["idle_cpu_before"]) else f"{100 * r['idle_cpu_before']:.0f}%"
     title = (f"sandbox bench: {r['kind']} jobs; throughput with {r['workers']} workers (pool) or "
              f"{r['workers']} processes at a time (baseline), latency one at a time; "
              f"{r['rounds']} alternating rounds; CPU idle before: {idle} of {r['cpu_count']} cores")
