@@ -153,7 +153,8 @@ def _compose(verdict: Verdict, trajectory: Trajectory, cfg: RewardConfig, max_ne
         terms["format"] = cfg.format_weight * float(bool(verdict.details.get("format_ok", False)))
     if cfg.overlong == "soft":
         length = torch.tensor([float(trajectory.num_policy_tokens)])
-        terms["overlong"] = float(overlong_penalty(length, max_tokens=max_new_tokens,
+        budget = int(trajectory.info.get("max_tokens", max_new_tokens))  # an episode's own budget
+        terms["overlong"] = float(overlong_penalty(length, max_tokens=budget,
                                                    buffer=cfg.overlong_buffer, penalty=cfg.overlong_penalty)[0])
     elif cfg.overlong == "truncated":
         terms["overlong"] = -cfg.overlong_penalty if trajectory.finish_reason == "length" else 0.0

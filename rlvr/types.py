@@ -71,7 +71,13 @@ class Trajectory:
     ``token_ids``, ``loss_mask`` and ``logprobs`` have the same length: the full sequence
     (prompt + completion, for multi-turn also environment tokens). ``loss_mask`` is 1 on policy
     tokens, 0 elsewhere; ``logprobs`` are the sampling-time log-probabilities of policy tokens
-    (0.0 where ``loss_mask`` is 0). ``completion`` is the decoded policy text.
+    (0.0 where ``loss_mask`` is 0). ``completion`` is the decoded policy text (multi-turn: the
+    last assistant turn; ``messages`` hold the whole conversation).
+
+    Multi-turn episodes also keep ``segments``: ``(source, ids)`` pieces in order, ``source`` one of
+    ``prompt`` | ``policy`` | ``env``; their concatenation is ``token_ids`` and ``loss_mask`` is 1
+    exactly on ``policy`` pieces. ``info`` holds the environment's account (``finish``: submit,
+    answer, turns, tokens, context, wall, length; ``turns``).
     """
 
     task_id: str
@@ -84,6 +90,8 @@ class Trajectory:
     finish_reason: FinishReason
     policy_version: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    segments: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    info: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -92,6 +100,9 @@ class Trajectory:
                 f"token_ids ({n}), loss_mask ({len(self.loss_mask)}) and logprobs "
                 f"({len(self.logprobs)}) must have the same length"
             )
+        if self.segments and sum(len(ids) for _, ids in self.segments) != n:
+            raise ValueError(f"segments cover {sum(len(ids) for _, ids in self.segments)} tokens, "
+                             f"token_ids has {n}")
 
     @property
     def num_policy_tokens(self) -> int:

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 import torch
 
 from rlvr.algos.passk import pass_at_k, wilson_interval, confidence_interval
-from rlvr.rollout.collect import collect
-from rlvr.rollout.engine import SamplingParams
-from rlvr.types import Task
-from rlvr.verifiers import check_all
 from rlvr.config import check_range
+from rlvr.envs.base import EnvConfig, is_multi_turn
+from rlvr.rollout.engine import SamplingParams
+from rlvr.rollout.episodes import EnvPool, judge, run_tasks
+from rlvr.types import Task
 
 
 @dataclass
@@ -39,6 +39,8 @@ class EvalConfig:
     """Generation budget per answer."""
     batch_size: int = 256
     """Sequences decoded together."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Budgets of multi-turn episodes (the same as in training, for a fair comparison)."""
 
     def __post_init__(self) -> None:
         check_range("eval.tasks", self.tasks, 1)
@@ -47,15 +49,28 @@ class EvalConfig:
             check_range("eval.k", k, 1, self.samples)
 
 
-def evaluate(model, tokenizer, tasks: list[Task], cfg: EvalConfig, *, seed: int = 0) -> dict:
-    """Run the suite; return {"overall": stats, "by_domain": {domain: stats + by_level}}."""
+def evaluate(model, tokenizer, tasks: list[Task], cfg: EvalConfig, *, seed: int = 0, sandbox=None) -> dict:
+    """Run the suite; return {"overall": stats, "by_domain": {domain: stats + by_level}}.
+
+    Multi-turn tasks play episodes in their environments, whose tools run in ``sandbox``
+    (default: the process-wide shared sandbox)."""
     params = SamplingParams(
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0, n=cfg.samples,
         stop_token_ids=[tokenizer.eos_token_id],
     )
     gen = torch.Generator().manual_seed(seed)
-    trajectories = collect(model, tokenizer, tasks, params, generator=gen, batch_size=cfg.batch_size)
-    verdicts = check_all([(tasks[traj.group_id], traj.completion) for traj in trajectories])
+    pool = None
+    if any(is_multi_turn(t) for t in tasks):
+        from rlvr.sandbox.config import shared_sandbox
+
+        pool = EnvPool(cfg.env, sandbox if sandbox is not None else shared_sandbox())
+    try:
+        episodes = run_tasks(model, tokenizer, tasks, params, pool, generator=gen, batch_size=cfg.batch_size)
+        verdicts = judge(tasks, episodes)
+    finally:
+        if pool is not None:
+            pool.close()
+    trajectories = [ep.trajectory for ep in episodes]
     correct: dict[str, int] = defaultdict(int)
     for traj, verdict in zip(trajectories, verdicts):
         correct[tasks[traj.group_id].id] += int(verdict.passed)
@@ -80,6 +95,8 @@ def evaluate(model, tokenizer, tasks: list[Task], cfg: EvalConfig, *, seed: int 
             for level in sorted({t.level for t in in_domain})
         }
     report["samples"] = [
-        {"task_id": tr.task_id, "completion": tr.completion} for tr in trajectories[: min(8, len(trajectories))]
+        {"task_id": tr.task_id, "completion": tr.completion,
+         **({"messages": list(tr.messages), "info": tr.info} if tr.info else {})}
+        for tr in trajectories[: min(8, len(trajectories))]
     ]
     return report

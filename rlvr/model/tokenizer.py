@@ -32,10 +32,19 @@ BOS, END, PAD = "<|bos|>", "<|end|>", "<|pad|>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|tool|>")
 SPECIAL_TOKENS = (BOS, END, PAD, *ROLE_TOKENS)  # ids 0..6 in this order
 
-# `{{ bos_token }}`, then `<|role|>\n{content}<|end|>\n` per message, then `<|assistant|>\n` when a
-# reply is wanted. Roles are system | user | assistant | tool.
+# `{{ bos_token }}`, then, when tools are offered, a system turn listing them (one line each:
+# `- name(arg, ...): description`) and the call format; then `<|role|>\n{content}<|end|>\n` per
+# message, then `<|assistant|>\n` when a reply is wanted. Roles are system | user | assistant |
+# tool (tool results). Tool calls are plain text in assistant turns: <tool_call>{json}</tool_call>.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}<|system|>\nTools:\n"
+    "{% for tool in tools %}{% set f = tool.function if tool.function is defined else tool %}"
+    "- {{ f.name }}({% for p in f.parameters.properties %}{{ p }}{% if not loop.last %}, {% endif %}"
+    "{% endfor %}): {{ f.description }}\n"
+    "{% endfor %}"
+    "Call one tool per turn: <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call><|end|>\n"
+    "{% endif %}"
     "{% for message in messages %}"
     "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
     "{% endfor %}"
@@ -95,10 +104,12 @@ def _as_ids(encoded: object) -> list[int]:
     return [int(i) for i in ids]
 
 
-def encode_chat_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> list[int]:
-    """Token ids of ``messages`` rendered with the chat template, ending with the generation
-    prompt (``<|assistant|>\\n`` for the default template)."""
-    encoded = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+def encode_chat_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message],
+                       tools: Sequence[dict] | None = None) -> list[int]:
+    """Token ids of ``messages`` (and the ``tools`` schemas, if any) rendered with the chat
+    template, ending with the generation prompt (``<|assistant|>\\n`` for the default template)."""
+    encoded = tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools else None,
+                                            add_generation_prompt=True, tokenize=True)
     return _as_ids(encoded)
 
 

@@ -1,8 +1,9 @@
 """GRPO-family RL from verifiable rewards: the training loop, read top to bottom.
 
 One step:  tasks = pool.next()            which tasks (curriculum)
-           trajectories = collect()        n samples per task, exact tokens + sampling logprobs
-           scored = verify_and_reward()    verifier verdict -> reward terms
+           episodes = rollout()            n samples per task, exact tokens + sampling logprobs;
+                                           multi-turn tasks play episodes in their environments
+           scored = verify_and_reward()    verifier / environment verdict -> reward terms
            advantages = ADVANTAGES[...]    per group; zero-variance groups dropped
            update()                        PPO-clip epochs over mini/micro-batches
            log, eval, checkpoint           metrics.jsonl + TensorBoard; atomic, resumable
@@ -37,8 +38,9 @@ from rlvr.model.checkpoint import (
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.monitor.metrics import MetricsLogger
 from rlvr.rewards import RewardConfig, score_all
-from rlvr.rollout.collect import collect
+from rlvr.envs.base import EnvConfig, is_multi_turn
 from rlvr.rollout.engine import SamplingParams, sequence_logprobs
+from rlvr.rollout.episodes import EnvPool, Episode, judge, run_tasks
 from rlvr.sandbox.config import SandboxConfig, shared_sandbox
 from rlvr.tasks.base import DOMAINS, generate_tasks
 from rlvr.tasks.files import load_task_file
@@ -53,8 +55,7 @@ from rlvr.train.common import (
     seed_everything,
     training_state,
 )
-from rlvr.types import Batch, Scored, Task, Trajectory
-from rlvr.verifiers import check_all
+from rlvr.types import Batch, Scored, Task
 
 
 @dataclass
@@ -140,6 +141,8 @@ class GRPOConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4, warmup_steps=5))
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     """Where model-written code runs; opened only when a domain's verifier executes code."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Budgets of multi-turn episodes (turns, tokens per turn and per episode, context, wall)."""
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(tasks=100))
     """Periodic eval suite (eval split)."""
     eval_every: int = 0
@@ -168,9 +171,9 @@ def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) ->
             with timer("curriculum"):
                 tasks = run.pool.next(cfg.rollout.tasks_per_step)
             with timer("rollout"):
-                trajectories = rollout(run, tasks, policy_version=step - 1)
+                episodes = rollout(run, tasks, policy_version=step - 1)
             with timer("verify"):
-                scored = verify_and_reward(tasks, trajectories, cfg)
+                scored = verify_and_reward(tasks, episodes, cfg)
             with timer("advantage"):
                 kept, advantages = compute_advantages(scored, cfg)
             with timer("update"):
@@ -187,6 +190,8 @@ def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) ->
                 checkpoint(run, cfg)
             bar.update(job, advance=1, description=f"grpo reward {metrics['rollout/reward_mean']:.2f}")
     run.logger.close()
+    if run.envs is not None:
+        run.envs.close()
     save_model_dir(run.dir / "final", run.model, run.tokenizer)
     return {"steps": cfg.steps, "seconds": time.perf_counter() - run.started}
 
@@ -211,6 +216,7 @@ class Run:
     step: int
     started: float
     sandbox: object | None = None  # the shared rlvr.sandbox.Sandbox when a domain runs model code
+    envs: EnvPool | None = None  # environment instances of multi-turn tasks, reused step to step
 
 
 def setup(cfg: GRPOConfig, resume: bool) -> Run:
@@ -232,6 +238,7 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     per_step = cfg.rollout.tasks_per_step * cfg.rollout.samples_per_task
     updates_per_step = cfg.algo.ppo_epochs * math.ceil(per_step / (cfg.algo.minibatch_size or per_step))
     optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.steps * updates_per_step)
+    envs = EnvPool(cfg.env, sandbox) if any(is_multi_turn(t) for t in tasks) else None
     pool = TaskPool(tasks, seed=cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
     step = 0
@@ -241,22 +248,22 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
         step = state["step"]
     logger = MetricsLogger(run_dir, resume_step=step if resume else None)
     return Run(cfg, run_dir, model, tokenizer, ref_model, optimizer, scheduler, pool, generator, logger, step,
-               time.perf_counter(), sandbox)
+               time.perf_counter(), sandbox, envs)
 
 
-def rollout(run: Run, tasks: list[Task], policy_version: int) -> list[Trajectory]:
+def rollout(run: Run, tasks: list[Task], policy_version: int) -> list[Episode]:
     r = run.cfg.rollout
     params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                             n=r.samples_per_task, stop_token_ids=[run.tokenizer.eos_token_id])
     run.model.eval()
-    return collect(run.model, run.tokenizer, tasks, params, generator=run.generator,
-                   policy_version=policy_version, batch_size=r.batch_size)
+    return run_tasks(run.model, run.tokenizer, tasks, params, run.envs, generator=run.generator,
+                     policy_version=policy_version, batch_size=r.batch_size)
 
 
-def verify_and_reward(tasks: list[Task], trajectories: list[Trajectory], cfg: GRPOConfig) -> list[Scored]:
+def verify_and_reward(tasks: list[Task], episodes: list[Episode], cfg: GRPOConfig) -> list[Scored]:
+    trajectories = [ep.trajectory for ep in episodes]
     matched = [tasks[traj.group_id] for traj in trajectories]
-    verdicts = check_all(list(zip(matched, (traj.completion for traj in trajectories))))
-    return score_all(matched, verdicts, trajectories, cfg.reward, cfg.rollout.max_new_tokens)
+    return score_all(matched, judge(tasks, episodes), trajectories, cfg.reward, cfg.rollout.max_new_tokens)
 
 
 def compute_advantages(scored: list[Scored], cfg: GRPOConfig) -> tuple[list[Scored], list[float]]:
@@ -275,6 +282,7 @@ def update(run: Run, kept: list[Scored], advantages: list[float], cfg: GRPOConfi
         return {"train/skipped": 1.0}
     a = cfg.algo
     batch = collate([s.trajectory for s in kept], advantages, run.tokenizer.pad_token_id)
+    budget = max(int(s.trajectory.info.get("max_tokens", cfg.rollout.max_new_tokens)) for s in kept)
     if run.ref_model is not None:
         with torch.no_grad():
             batch.ref_logprobs = sequence_logprobs(run.ref_model, batch.input_ids, batch.attention_mask)
@@ -287,7 +295,7 @@ def update(run: Run, kept: list[Scored], advantages: list[float], cfg: GRPOConfi
         for start in range(0, n, mb):
             mini = select(batch, order[start: start + mb])
             totals = {"num_tokens": float(mini.loss_mask.sum()), "num_seqs": float(mini.input_ids.shape[0]),
-                      "max_tokens": cfg.rollout.max_new_tokens}
+                      "max_tokens": budget}
             for ustart in range(0, mini.input_ids.shape[0], a.microbatch_size):
                 micro = select(mini, torch.arange(ustart, min(ustart + a.microbatch_size, mini.input_ids.shape[0])))
                 loss, metrics = micro_loss(run.model, micro, a, totals)
@@ -329,6 +337,11 @@ def rollout_metrics(tasks: list[Task], scored: list[Scored], kept: list[Scored])
         "rollout/truncated_frac": sum(s.trajectory.finish_reason == "length" for s in scored) / n,
         "rollout/kept_frac": len(kept) / n,
     }
+    played = [s.trajectory.info for s in scored if s.trajectory.info]
+    if played:  # multi-turn episodes: how long they ran and how they ended
+        out["rollout/turns_mean"] = sum(i["turns"] for i in played) / len(played)
+        for finish in sorted({i["finish"] for i in played}):
+            out[f"rollout/finish/{finish}"] = sum(i["finish"] == finish for i in played) / len(played)
     for term in sorted({t for s in scored for t in s.terms}):
         out[f"rollout/reward_{term}"] = sum(s.terms.get(term, 0.0) for s in scored) / n
     by_domain: dict[str, list[bool]] = defaultdict(list)
@@ -355,6 +368,8 @@ def save_trajectories(run_dir: Path, step: int, scored: list[Scored], limit: int
         for s in scored[:limit]:
             f.write(json.dumps({"task_id": s.trajectory.task_id, "completion": s.trajectory.completion,
                                 "finish_reason": s.trajectory.finish_reason, "reward": s.reward,
+                                **({"messages": list(s.trajectory.messages), "info": s.trajectory.info}
+                                   if s.trajectory.info else {}),
                                 "terms": s.terms, "verdict": s.verdict.to_dict()}) + "\n")
 
 

@@ -3,6 +3,12 @@
 An example is ``prompt ids`` (the chat template with the generation prompt) followed by the
 assistant response ids and the end-of-turn token; the loss mask is 1 exactly on the latter,
 which is the same token layout the policy later produces during RL.
+
+Multi-turn tasks (tool environments) are demonstrated by real episodes: the task's scripted
+expert actions (``meta["actions"]``) are played in its environment (tools run in the sandbox),
+and the conversation becomes ids with ``rlvr.envs.tokens.conversation_ids``: assistant turns
+trained, tool results masked, in exactly the layout of a rollout. A demonstration that does not
+pass its own verifier, or does not fit the model's context, is dropped (and counted).
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ from rlvr.monitor.metrics import MetricsLogger
 from rlvr.tasks.base import generate_tasks
 from rlvr.train.batching import pad_right
 from rlvr.train.common import OptimConfig, build_optimizer, clip_and_step, prepare_run_dir, seed_everything
+from rlvr.envs.base import EnvConfig, env_name, is_multi_turn, play
+from rlvr.envs.tokens import conversation_ids
+from rlvr.sandbox.config import SandboxConfig
 from rlvr.types import Task
 
 
@@ -47,19 +56,45 @@ class SFTConfig:
     """Optimizer and schedule."""
     log_every: int = 20
     """Log train/* every this many steps."""
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(max_turns=12, max_tokens=4096, max_context=4096))
+    """Budgets for playing the expert demonstrations of multi-turn tasks (generous: a
+    demonstration is dropped only if it fails its own verifier or the model's context)."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """Where the tools of multi-turn demonstrations run (opened only if there are any)."""
 
     def __post_init__(self) -> None:
         check_range("sft.steps", self.steps, 1)
         check_range("sft.batch_size", self.batch_size, 1)
 
 
-def build_examples(tokenizer, tasks: list[Task]) -> list[tuple[list[int], list[int]]]:
-    """(input ids, loss mask) per task: prompt (mask 0) + reference response and end token (mask 1)."""
+def build_examples(tokenizer, tasks: list[Task], *, env_cfg: EnvConfig | None = None, sandbox=None,
+                   max_len: int | None = None) -> list[tuple[list[int], list[int]]]:
+    """(input ids, loss mask) per task: prompt (mask 0) + reference response and end token
+    (mask 1); a multi-turn task's demonstration episode as ``conversation_ids``. Multi-turn
+    demonstrations that fail their verifier or exceed ``max_len`` tokens are left out."""
+    from rlvr.envs.base import make_env
+
     examples = []
+    envs: dict[str, object] = {}
+    dropped = 0
     for task in tasks:
+        if is_multi_turn(task):
+            name = env_name(task)
+            env = envs.get(name) or envs.setdefault(name, make_env(name, env_cfg, sandbox))
+            messages, verdict = play(env, task, list(task.meta["actions"]))
+            ids, mask = conversation_ids(tokenizer, messages, [t.schema() for t in env.tools()])
+            if not verdict.passed or (max_len and len(ids) > max_len):
+                dropped += 1
+                continue
+            examples.append((ids, mask))
+            continue
         prompt = encode_chat_prompt(tokenizer, list(task.prompt))
         answer = encode_completion(tokenizer, task.meta["reference"])
         examples.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+    for env in envs.values():
+        env.close()
+    if dropped:
+        print(f"sft: dropped {dropped} of {len(tasks)} demonstrations (failed their verifier or too long)")
     return examples
 
 
@@ -70,7 +105,13 @@ def run_sft(cfg: SFTConfig, *, progress: bool = True) -> dict:
     model, tokenizer = load_model_and_tokenizer(cfg.model)
     model.train()
     tasks = generate_tasks(cfg.domains, "train", cfg.train_tasks, seed=cfg.seed, levels=cfg.levels)
-    examples = build_examples(tokenizer, tasks)
+    sandbox = None
+    if any(is_multi_turn(t) for t in tasks):
+        from rlvr.sandbox.config import shared_sandbox
+
+        sandbox = shared_sandbox(cfg.sandbox, run_dir)
+    examples = build_examples(tokenizer, tasks, env_cfg=cfg.env, sandbox=sandbox,
+                              max_len=getattr(model.config, "max_position_embeddings", None))
     opt, sched = build_optimizer(model, cfg.optim, cfg.steps)
     logger = MetricsLogger(run_dir)
     gen = torch.Generator().manual_seed(cfg.seed)

@@ -1,0 +1,128 @@
+"""Tool calling: tool definitions, parsing ``<tool_call>`` blocks, and running a call safely.
+
+The assistant calls a tool in the widely used (Hermes/Qwen) format::
+
+    <tool_call>{"name": "read_file", "arguments": {"path": "ops.py"}}</tool_call>
+
+and the result comes back as a ``{"role": "tool", "name": ..., "content": ...}`` message.
+``Tool.schema()`` is the OpenAI/Hugging Face function schema that ``apply_chat_template(...,
+tools=[...])`` renders. Model output is untrusted: ``parse_tool_call`` never raises on it; a
+malformed call is a ``ToolCallError`` whose message becomes the error observation.
+
+Not here: what a tool does (each environment binds its own functions), where code runs (the
+sandbox, called by the environment's tools).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+_CALL = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
+_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
+               "object": dict, "array": list}
+MAX_RESULT_CHARS = 2000  # a tool result longer than this is cut (head kept, marked)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One callable tool: a name, a description, its parameters (name -> (JSON type, doc)) and
+    the trusted function that implements it (called with the parsed arguments as keywords)."""
+
+    name: str
+    description: str
+    fn: Callable[..., str]
+    parameters: dict[str, tuple[str, str]] = field(default_factory=dict)
+    required: tuple[str, ...] | None = None  # None: every parameter is required
+
+    def schema(self) -> dict[str, Any]:
+        """The function schema ``apply_chat_template(tools=...)`` renders (OpenAI format)."""
+        props = {n: {"type": t, "description": d} for n, (t, d) in self.parameters.items()}
+        required = list(self.parameters) if self.required is None else list(self.required)
+        return {"type": "function", "function": {
+            "name": self.name, "description": self.description,
+            "parameters": {"type": "object", "properties": props, "required": required}}}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+class ToolCallError(Exception):
+    """A malformed or invalid call; ``str(e)`` is shown to the model as the tool result."""
+
+
+def find_tool_calls(text: str) -> list[str]:
+    """The raw bodies of every closed ``<tool_call>...</tool_call>`` block in ``text``."""
+    return [m.group(1) for m in _CALL.finditer(text)]
+
+
+def has_tool_call(text: str) -> bool:
+    return CALL_OPEN in text
+
+
+def parse_tool_call(text: str) -> ToolCall | None:
+    """The one tool call in an assistant turn; None when the turn has no ``<tool_call>`` at all.
+
+    Raises ``ToolCallError`` for an unclosed block, more than one call, invalid JSON, or a body
+    that is not ``{"name": str, "arguments": {...}}``.
+    """
+    if CALL_OPEN not in text:
+        return None
+    bodies = find_tool_calls(text)
+    if not bodies:
+        raise ToolCallError(f"error: unclosed {CALL_OPEN}; write {CALL_OPEN}{{\"name\": ..., \"arguments\": {{...}}}}{CALL_CLOSE}")
+    if len(bodies) > 1:
+        raise ToolCallError(f"error: {len(bodies)} tool calls in one turn; call one tool per turn")
+    try:
+        obj = json.loads(bodies[0])
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ToolCallError(f"error: the tool call is not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        raise ToolCallError('error: a tool call is {"name": "<tool>", "arguments": {...}}')
+    args = obj.get("arguments", {})
+    if not isinstance(args, dict):
+        raise ToolCallError('error: "arguments" must be a JSON object')
+    extra = set(obj) - {"name", "arguments"}
+    if extra:
+        raise ToolCallError(f"error: unexpected key(s) {sorted(extra)} in the tool call")
+    return ToolCall(obj["name"], args)
+
+
+def run_tool(tools: dict[str, Tool], call: ToolCall) -> str:
+    """Check ``call`` against the tool's parameters and run it. Raises ``ToolCallError`` for an
+    unknown tool or wrong arguments; the tool's own ``ToolCallError`` passes through. The result
+    is cut to ``MAX_RESULT_CHARS``."""
+    tool = tools.get(call.name)
+    if tool is None:
+        raise ToolCallError(f"error: unknown tool {call.name!r}; tools: {', '.join(sorted(tools))}")
+    required = tool.parameters if tool.required is None else tool.required
+    missing = [p for p in required if p not in call.arguments]
+    if missing:
+        raise ToolCallError(f"error: {call.name} needs argument(s) {', '.join(missing)}")
+    unknown = [a for a in call.arguments if a not in tool.parameters]
+    if unknown:
+        raise ToolCallError(f"error: {call.name} has no argument(s) {', '.join(unknown)}")
+    for arg, value in call.arguments.items():
+        want = _JSON_TYPES.get(tool.parameters[arg][0], object)
+        if not isinstance(value, want) or (want is not bool and isinstance(value, bool)):
+            raise ToolCallError(f"error: argument {arg} of {call.name} must be a {tool.parameters[arg][0]}")
+    result = tool.fn(**call.arguments)
+    if len(result) > MAX_RESULT_CHARS:
+        result = result[:MAX_RESULT_CHARS] + f"\n[... cut: {len(result) - MAX_RESULT_CHARS} more characters]"
+    return result
+
+
+def format_call(name: str, arguments: dict[str, Any] | None = None) -> str:
+    """The canonical text of a call (what reference demonstrations contain)."""
+    return CALL_OPEN + json.dumps({"name": name, "arguments": arguments or {}}) + CALL_CLOSE
+
+
+def tool_message(name: str, content: str) -> dict[str, str]:
+    return {"role": "tool", "name": name, "content": content}

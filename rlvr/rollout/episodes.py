@@ -1,0 +1,260 @@
+"""Multi-turn rollouts: run episodes of tool environments, keeping the exact tokens of every turn.
+
+``collect_episodes`` plays ``n`` episodes per task, all in lock step: each round generates one
+assistant turn for every live episode in one batched ``generate`` call (the first round prefills
+each task's prompt once for its ``n`` samples), then steps the environments concurrently (their
+tools run in the sandbox). A trajectory grows by appending only:
+
+    prompt ids | turn 1 (policy ids, loss 1) | observation ids (loss 0) | turn 2 | ...
+
+so the ids the policy saw at every turn are exactly the prefix it is trained on; nothing is
+re-tokenised from text (``rlvr.envs.tokens``). Budgets: a turn may use ``turn_tokens``, an episode
+``max_tokens`` policy tokens and ``max_context`` tokens in all (capped by the model's context
+length); running out cuts the episode (``finish``: length / tokens / context), which then fails.
+
+``run_tasks``/``judge`` are what the trainer and eval call: single-turn tasks go through the
+bulk path (``collect`` + ``check_all``, the one-step case done in one batch), multi-turn tasks
+through episodes; ``judge`` asks each episode's environment for its verdict (hidden tests on the
+final workspace, the answer and the tool results it relies on), concurrently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from rlvr.envs.base import NATURAL_FINISHES, EnvConfig, Environment, env_name, is_multi_turn, make_env
+from rlvr.envs.tokens import observation_ids
+from rlvr.model.tokenizer import encode_chat_prompt
+from rlvr.rollout.collect import collect
+from rlvr.rollout.engine import SamplingParams, generate
+from rlvr.types import Message, Task, Trajectory, Verdict
+from rlvr.verifiers import check_all
+
+
+@dataclass
+class Episode:
+    """A finished episode: its trajectory and the environment that holds its final state
+    (``None`` for a single-turn task collected in bulk: its verifier judges the completion)."""
+
+    trajectory: Trajectory
+    env: Environment | None = None
+
+
+class EnvPool:
+    """Environment instances by name, reused from one batch to the next (so a reset may take the
+    fast restore path). ``take(names)`` gives the k-th request for a name its k-th instance."""
+
+    def __init__(self, cfg: EnvConfig | None = None, sandbox=None) -> None:
+        self.cfg, self.sandbox = cfg or EnvConfig(), sandbox
+        self._envs: dict[str, list[Environment]] = {}
+
+    def take(self, names: list[str]) -> list[Environment]:
+        seen: dict[str, int] = {}
+        out = []
+        for name in names:
+            k = seen.get(name, 0)
+            seen[name] = k + 1
+            instances = self._envs.setdefault(name, [])
+            if k == len(instances):
+                instances.append(make_env(name, self.cfg, self.sandbox))
+            out.append(instances[k])
+        return out
+
+    def close(self) -> None:
+        for instances in self._envs.values():
+            for env in instances:
+                env.close()
+        self._envs = {}
+
+
+@dataclass
+class _Live:
+    """One episode in progress."""
+
+    task: Task
+    group: int
+    env: Environment
+    tools: list[dict]
+    messages: list[Message]
+    ids: list[int]
+    logprobs: list[float]
+    segments: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    policy_tokens: int = 0
+    last_text: str = ""
+    done: bool = False
+
+    def append(self, source: str, ids: list[int], logprobs: list[float] | None = None) -> None:
+        self.ids += ids
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.segments.append((source, tuple(ids)))
+
+
+def collect_episodes(
+    model,
+    tokenizer,
+    tasks: list[Task],
+    params: SamplingParams,
+    pool: EnvPool,
+    *,
+    generator: torch.Generator | None = None,
+    policy_version: int = 0,
+    batch_size: int | None = None,
+    workers: int = 8,
+) -> list[Episode]:
+    """Play ``params.n`` episodes per task (task-major; ``group_id`` = task index). The per-turn
+    budget is ``pool.cfg.turn_tokens`` (``params.max_new_tokens`` is ignored)."""
+    cfg = pool.cfg
+    n = params.n
+    envs = pool.take([env_name(t) for t in tasks for _ in range(n)])
+    live: list[_Live] = []
+    for i, env in enumerate(envs):
+        task = tasks[i // n]
+        messages = env.reset(task)
+        tools = [t.schema() for t in env.tools()]
+        prompt = encode_chat_prompt(tokenizer, messages, tools)
+        episode = _Live(task, i // n, env, tools, list(messages), [], [])
+        episode.append("prompt", prompt)
+        live.append(episode)
+    limit = min(cfg.max_context, getattr(model.config, "max_position_embeddings", cfg.max_context))
+    stop_ids = set(params.stop_token_ids if params.stop_token_ids is not None else [tokenizer.eos_token_id])
+    timings = {"generate_s": 0.0, "env_s": 0.0}
+    with ThreadPoolExecutor(max_workers=workers) as threads:
+        while True:
+            active = [e for e in live if not e.done and _has_budget(e, cfg, limit)]
+            if not active:
+                break
+            start = time.perf_counter()
+            turns = _generate_turn(model, tokenizer, active, params, cfg, limit, generator, batch_size)
+            timings["generate_s"] += time.perf_counter() - start
+            start = time.perf_counter()
+            stepping = []
+            for e, (ids, logprobs, cut) in zip(active, turns):
+                e.append("policy", ids, logprobs)
+                e.policy_tokens += len(ids)
+                e.last_text = tokenizer.decode([t for t in ids if t not in stop_ids], skip_special_tokens=True)
+                e.messages.append({"role": "assistant", "content": e.last_text})
+                if cut:
+                    e.env.cut(cut)
+                    e.done = True
+                else:
+                    stepping.append(e)
+            for e, step in zip(stepping, threads.map(lambda e: e.env.step(e.last_text), stepping)):
+                if step.done:
+                    e.done = True
+                    continue
+                obs = observation_ids(tokenizer, e.messages, step.observation, e.tools)
+                if len(e.ids) + len(obs) >= limit:  # no room for the observation and a reply
+                    e.env.cut("context")
+                    e.done = True
+                    continue
+                e.messages += step.observation
+                e.append("env", obs)
+            timings["env_s"] += time.perf_counter() - start
+    per = {k: v / max(len(live), 1) for k, v in timings.items()}
+    return [Episode(_trajectory(e, policy_version, per), e.env) for e in live]
+
+
+def _has_budget(e: _Live, cfg: EnvConfig, limit: int) -> bool:
+    """Whether ``e`` may take another turn; if not, cut it (tokens or context)."""
+    if e.done:
+        return False
+    if e.policy_tokens >= cfg.max_tokens:
+        e.env.cut("tokens")
+    elif len(e.ids) >= limit:
+        e.env.cut("context")
+    else:
+        return True
+    e.done = True
+    return False
+
+
+def _generate_turn(model, tokenizer, active: list[_Live], params: SamplingParams, cfg: EnvConfig,
+                   limit: int, generator, batch_size) -> list[tuple[list[int], list[float], str]]:
+    """One assistant turn per active episode: (ids, logprobs, cut reason or "")."""
+    budgets = []
+    for e in active:
+        options = [(cfg.turn_tokens, "length"), (cfg.max_tokens - e.policy_tokens, "tokens"),
+                   (limit - len(e.ids), "context")]
+        budgets.append(min(options, key=lambda o: o[0]))
+    # Identical prompts (the n samples of a task on the first turn) are prefilled once.
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for r, e in enumerate(active):
+        groups.setdefault(tuple(e.ids), []).append(r)
+    sizes = {len(rows) for rows in groups.values()}
+    k = sizes.pop() if len(sizes) == 1 else 1
+    prompts = list(groups) if k > 1 else [tuple(e.ids) for e in active]
+    order = [r for rows in groups.values() for r in rows] if k > 1 else list(range(len(active)))
+    turn_params = SamplingParams(max_new_tokens=max(b for b, _ in budgets), temperature=params.temperature,
+                                 top_p=params.top_p, n=k, stop_token_ids=params.stop_token_ids)
+    completions = generate(model, prompts, turn_params, generator=generator,
+                           pad_token_id=tokenizer.pad_token_id, batch_size=batch_size)
+    out: list[tuple[list[int], list[float], str] | None] = [None] * len(active)
+    for r, c in zip(order, completions):
+        budget, reason = budgets[r]
+        ids, logprobs = c.token_ids[:budget], c.logprobs[:budget]
+        stopped = c.finish_reason == "stop" and len(c.token_ids) <= budget
+        out[r] = (ids, logprobs, "" if stopped else reason)
+    return out  # type: ignore[return-value]
+
+
+def _trajectory(e: _Live, policy_version: int, timings: dict[str, float]) -> Trajectory:
+    mask = tuple(int(source == "policy") for source, ids in e.segments for _ in ids)
+    finish = e.env.finish
+    return Trajectory(
+        task_id=e.task.id,
+        group_id=e.group,
+        messages=tuple(e.messages),
+        completion=e.last_text,
+        token_ids=tuple(e.ids),
+        loss_mask=mask,
+        logprobs=tuple(e.logprobs),
+        finish_reason="stop" if finish in NATURAL_FINISHES else "length",
+        policy_version=policy_version,
+        timings=dict(timings),
+        segments=tuple(e.segments),
+        info={"env": e.env.name, "finish": finish, "turns": e.env.turns, "max_tokens": e.env.cfg.max_tokens},
+    )
+
+
+def run_tasks(model, tokenizer, tasks: list[Task], params: SamplingParams, pool: EnvPool | None, *,
+              generator: torch.Generator | None = None, policy_version: int = 0,
+              batch_size: int | None = None) -> list[Episode]:
+    """Roll out ``params.n`` samples of every task, task-major (``group_id`` = index in
+    ``tasks``): single-turn tasks in one batched ``collect`` (``params.max_new_tokens`` per
+    answer), multi-turn tasks as episodes of their environments (``pool.cfg`` budgets)."""
+    multi = [i for i, t in enumerate(tasks) if is_multi_turn(t)]
+    single = [i for i, t in enumerate(tasks) if not is_multi_turn(t)]
+    episodes: list[Episode] = []
+    if single:
+        trajectories = collect(model, tokenizer, [tasks[i] for i in single], params, generator=generator,
+                               policy_version=policy_version, batch_size=batch_size)
+        episodes += [Episode(dataclasses.replace(t, group_id=single[t.group_id])) for t in trajectories]
+    if multi:
+        if pool is None:
+            raise ValueError("multi-turn tasks need an EnvPool")
+        played = collect_episodes(model, tokenizer, [tasks[i] for i in multi], params, pool, generator=generator,
+                                  policy_version=policy_version, batch_size=batch_size)
+        episodes += [Episode(dataclasses.replace(ep.trajectory, group_id=multi[ep.trajectory.group_id]), ep.env)
+                     for ep in played]
+    episodes.sort(key=lambda ep: ep.trajectory.group_id)  # stable: samples keep their order
+    return episodes
+
+
+def judge(tasks: list[Task], episodes: list[Episode], workers: int = 8) -> list[Verdict]:
+    """Verdicts in order: single-turn completions through their verifiers in one batch
+    (``check_all``), episodes by their environments (concurrently)."""
+    verdicts: list[Verdict | None] = [None] * len(episodes)
+    bulk = [i for i, ep in enumerate(episodes) if ep.env is None]
+    for i, v in zip(bulk, check_all([(tasks[episodes[i].trajectory.group_id], episodes[i].trajectory.completion)
+                                     for i in bulk])):
+        verdicts[i] = v
+    played = [i for i, ep in enumerate(episodes) if ep.env is not None]
+    with ThreadPoolExecutor(max_workers=workers) as threads:
+        for i, v in zip(played, threads.map(lambda i: episodes[i].env.verify(), played)):
+            verdicts[i] = v
+    return verdicts  # type: ignore[return-value]
