@@ -1,0 +1,220 @@
+"""``code.repair``: repair a small Python project with file tools, judged by hidden tests.
+
+    list_files()                  the project's files
+    read_file(path)               a file's text
+    write_file(path, content)     replace (or create) a file
+    replace(path, old, new)       patch: ``old`` must occur exactly once in the file
+    run_tests()                   run the visible tests in the sandbox; a short summary
+    submit()                      end the episode
+
+The workspace (``rlvr.sandbox.Workspace`` on tmpfs) is created once per task and restored from
+its snapshot at every later reset of the same task (about a millisecond), so an instance reused
+across the episodes of a group pays the creation once. Test files are read-only (mode 0o444,
+and hash-checked by the sandbox in every run): a write to one is refused *and* recorded, and
+the verdict is ``tampered`` (score 0) if any was attempted or a test file differs from the
+original at verify time. ``run_tests`` output is only an observation: the reward is hidden
+tests (trusted expected values, compared here) run on the final workspace in one sandbox
+``io`` job through a trusted shim that imports the project's modules. Score 1 if every hidden
+test passes, else 0; reasons as the code verifier's (``ok``, ``wrong_answer``,
+``syntax_error``, ``runtime_error``, ``timeout``, ``tampered``, ``sandbox_error``) or
+``budget`` (``Environment.verify``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlvr.envs.base import ENVS, EnvConfig, ToolEnv
+from rlvr.envs.tools import Tool, ToolCallError
+from rlvr.sandbox import plaindata
+from rlvr.tasks.code_repair import OK, SHIM, replace_once, runner_program
+from rlvr.types import Message, Task, Verdict
+
+MAX_FILE_CHARS = 4000  # a write_file/replace result longer than this is refused
+MAX_FILES = 32  # files the workspace may hold (write_file refuses new ones past it)
+TESTS_WALL_S = 3.0  # run_tests
+HIDDEN_WALL_S = 5.0  # the hidden tests at verify time
+MAX_TESTS_OUTPUT = 600
+
+
+def _limits(wall_s: float):
+    from rlvr.sandbox.types import Limits
+
+    return Limits(wall_s=wall_s, cpu_s=max(1, int(wall_s)))
+
+
+@ENVS.register("code.repair")
+class CodeRepairEnv(ToolEnv):
+    name = "code.repair"
+
+    def __init__(self, cfg: EnvConfig | None = None, *, sandbox: Any = None) -> None:
+        super().__init__(cfg, sandbox=sandbox)
+        self._ws = None
+        self._ws_task = ""
+        self._payload: dict[str, Any] = {}
+        self._protected: set[str] = set()
+        self._tamper: list[str] = []
+        self.restored = False  # whether the last reset took the restore path (tests, benchmarks)
+        self._tools = [
+            Tool("list_files", "List the project's files.", self._list_files),
+            Tool("read_file", "Read a file.", self._read_file,
+                 {"path": ("string", "file path")}),
+            Tool("write_file", "Write a whole file.", self._write_file,
+                 {"path": ("string", "file path"), "content": ("string", "new text")}),
+            Tool("replace", "Replace text that occurs once in a file.", self._replace,
+                 {"path": ("string", "file path"), "old": ("string", "text to find"),
+                  "new": ("string", "replacement")}),
+            Tool("run_tests", "Run the tests.", self._run_tests),
+            Tool("submit", "Submit the fixed project.", self._submit),
+        ]
+
+    # -- episode --
+
+    def reset(self, task: Task) -> list[Message]:
+        payload = task.spec.payload
+        if self._ws is not None and self._ws_task == task.id:
+            self._ws.restore()
+            self.restored = True
+        else:
+            self._close_ws()
+            self._ws = self._create(payload)
+            self._ws_task = task.id
+            self.restored = False
+        self._payload = payload
+        self._protected = set(payload["protected"])
+        self._tamper = []
+        return super().reset(task)
+
+    @staticmethod
+    def _create(payload: dict[str, Any]):
+        from rlvr.sandbox.workspace import Workspace
+
+        protected = set(payload["protected"])
+        files = payload["files"]
+        ws = Workspace.create({p: t for p, t in files.items() if p not in protected})
+        try:
+            for path in payload["protected"]:
+                ws.write(path, files[path], mode=0o444)
+            ws.snapshot()
+        except BaseException:
+            ws.close()
+            raise
+        return ws
+
+    def tools(self) -> list[Tool]:
+        return self._tools
+
+    def close(self) -> None:
+        self._close_ws()
+
+    def _close_ws(self) -> None:
+        if self._ws is not None:
+            self._ws.close()
+        self._ws, self._ws_task = None, ""
+
+    def _sandbox(self):
+        if self.sandbox is not None:
+            return self.sandbox
+        from rlvr.verifiers.code import current_sandbox
+
+        return current_sandbox()
+
+    # -- tools (arguments are checked against the schema by ``run_tool``) --
+
+    def _file(self, path: str) -> str:
+        try:
+            return self._ws.read(path)
+        except FileNotFoundError:
+            raise ToolCallError(f"error: no file {path}") from None
+        except (OSError, ValueError) as e:  # a directory, a bad path, not text, ...
+            raise ToolCallError(f"error: cannot read {path}: {type(e).__name__}") from None
+
+    def _put(self, path: str, content: str) -> str:
+        if path in self._protected:  # workspace paths are normalized: no "./x" or "a/../x"
+            self._tamper.append(path)
+            raise ToolCallError(f"error: {path} is a test file; it is read-only")
+        if len(content) > MAX_FILE_CHARS:
+            raise ToolCallError(f"error: content too long (over {MAX_FILE_CHARS} characters)")
+        try:
+            files = self._ws.list()
+            if path not in files and len(files) >= MAX_FILES:
+                raise ToolCallError(f"error: too many files (at most {MAX_FILES})")
+            self._ws.write(path, content)
+        except (OSError, ValueError) as e:
+            raise ToolCallError(f"error: cannot write {path}: {str(e)[:80]}") from None
+        return OK
+
+    def _list_files(self) -> str:
+        return "\n".join(self._ws.list())
+
+    def _read_file(self, path: str) -> str:
+        return self._file(path)
+
+    def _write_file(self, path: str, content: str) -> str:
+        return self._put(path, content)
+
+    def _replace(self, path: str, old: str, new: str) -> str:
+        if path in self._protected:
+            return self._put(path, "")  # refused and recorded
+        try:
+            text = replace_once(self._file(path), old, new)
+        except ValueError as e:
+            raise ToolCallError(f"error: old text {e} in {path}") from None
+        return self._put(path, text)
+
+    def _run_tests(self) -> str:
+        from rlvr.sandbox.types import Job
+
+        job = Job.run_program(runner_program(self._payload["tests"]), workdir=self._ws.path,
+                              protected=tuple(self._payload["protected"]),
+                              limits=_limits(TESTS_WALL_S), task_id=self.task.id)
+        r = self._sandbox().run(job)
+        if r.tampered:
+            self._tamper += r.tampered
+        if r.status == "timeout":
+            return "error: the tests timed out"
+        if r.status != "ok":
+            return f"error: the tests did not finish ({r.status})"
+        out = r.stdout.strip() or (r.stderr.strip().splitlines() or ["no output"])[-1]
+        return out[-MAX_TESTS_OUTPUT:]
+
+    def _submit(self) -> str:
+        self.finish_with("submit")
+        return OK
+
+    # -- verdict --
+
+    def _tampered(self) -> list[str]:
+        bad = list(dict.fromkeys(self._tamper))
+        for path in self._payload["protected"]:
+            try:
+                same = self._ws.read(path) == self._payload["files"][path]
+            except (OSError, ValueError):
+                same = False
+            if not same and path not in bad:
+                bad.append(path)
+        return bad
+
+    def _verify(self) -> Verdict:
+        from rlvr.sandbox.types import Job
+        from rlvr.verifiers.code import _finish_io, _parse
+
+        tampered = self._tampered()
+        if tampered:
+            return Verdict(False, 0.0, "tampered", {"tampered": tampered})
+        hidden = [tuple(h) for h in plaindata.decode(self._payload["hidden"])]
+        expected = plaindata.decode(self._payload["expected"])
+        for module in dict.fromkeys(h[0] for h in hidden):  # compile only, never run here
+            try:
+                source = self._ws.read(f"{module}.py")
+            except (OSError, ValueError):
+                continue  # a missing module fails in the sandbox (runtime_error)
+            error = _parse(source)
+            if isinstance(error, str):
+                return Verdict(False, 0.0, "syntax_error", {"error": error, "file": f"{module}.py"})
+        job = Job.io(SHIM, "run", hidden, workdir=self._ws.path,
+                     protected=tuple(self._payload["protected"]),
+                     limits=_limits(HIDDEN_WALL_S), task_id=self.task.id)
+        v = _finish_io(expected, {})(self._sandbox().run(job))
+        return Verdict(v.passed, 1.0 if v.passed else 0.0, v.reason,
+                       {**v.details, "fraction": v.score})

@@ -1,0 +1,306 @@
+r"""The ``tool.use`` environment: a calculator and SQL over the task's small database.
+
+Tools (offered per task: ``calculator`` always, ``sql`` when the task has a database)::
+
+    calculator(expression)  arithmetic over ints/floats: + - * / // % ** (small exponents),
+                            unary minus, parentheses. Parsed with ``ast`` and walked node by
+                            node; never ``eval``. Magnitudes are bounded.
+    sql(query)              one read-only statement on the table ``items(name, kind, price, qty)``.
+
+Model output never runs outside the sandbox: the query and the rows go (as JSON on stdin) to a
+trusted runner program in the sandbox, which builds an in-memory sqlite3 database and runs the
+query under an authorizer that allows only SELECT, FUNCTION and READ of ``items`` (so no
+ATTACH, PRAGMA, INSERT, DROP, sqlite_master, ...), a progress-handler instruction limit and a
+string-length limit. The result is compact: one value as itself, several rows one per line
+(columns joined by ``", "``), at most ``MAX_ROWS``.
+The calculator runs in-process: it only walks an ``ast`` of numbers and operators.
+
+An assistant turn without a tool call is the final answer and ends the episode. The verdict:
+
+    ok           the answer (strict extraction, as the ``math`` verifier) equals the gold
+                 and is *supported*: it appears as a number in a successful tool result of
+                 this episode whose call's arguments do not already contain it. On a task with a
+                 database, that result must be grounded in the data: an ``sql`` result of a
+                 query that read ``items``, or a ``calculator`` result whose expression uses a
+                 number from such an ``sql`` result.
+    unsupported  the right value, but no tool result supports it (e.g. answered from memory)
+    mismatch     a wrong answer (or not in final form)
+    no_answer    no final answer, or several (``multiple_answers`` is folded into it)
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+from typing import Any
+
+from rlvr.envs.base import ENVS, EnvConfig, Step, ToolEnv
+from rlvr.envs.tools import Tool, ToolCallError
+from rlvr.types import Verdict
+from rlvr.verifiers.math import answers_equal, extract_final_answer, is_final_form
+
+TABLE = "items"
+COLUMNS = ("name", "kind", "price", "qty")
+SCHEMA = f"{TABLE}({', '.join(COLUMNS)})"
+
+MAX_EXPRESSION_CHARS = 200
+MAX_NODES = 60
+MAX_MAGNITUDE = 10**18
+MAX_POWER = 64  # largest exponent of **
+MAX_QUERY_CHARS = 500
+MAX_ROWS = 10  # rows shown in an sql result
+MAX_CELL_CHARS = 40
+SQL_STEPS = 20_000  # progress-handler calls (every 1000 VM instructions): ~2e7 instructions
+MAX_ERROR_CHARS = 160
+
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")
+
+
+# ---------------------------------------------------------------- calculator (in-process, ast only)
+
+
+def format_number(x: float) -> str:
+    """``12`` -> ``"12"``, ``5.0`` -> ``"5"``, ``1/3`` -> ``"0.333333"``."""
+    if isinstance(x, int):
+        return str(x)
+    if x.is_integer():
+        return str(int(x))
+    return repr(round(x, 6))
+
+
+def _check(x: float) -> float:
+    if isinstance(x, float) and not math.isfinite(x):
+        raise ToolCallError("error: calculator: the result is not a finite number")
+    if abs(x) > MAX_MAGNITUDE:
+        raise ToolCallError("error: calculator: number too large")
+    return x
+
+
+def _eval(node: ast.AST) -> int | float:
+    if isinstance(node, ast.Expression):
+        return _eval(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return _check(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _eval(node.operand)
+        return -v if isinstance(node.op, ast.USub) else v
+    if isinstance(node, ast.BinOp):
+        a, b = _eval(node.left), _eval(node.right)
+        op = node.op
+        if isinstance(op, ast.Add):
+            return _check(a + b)
+        if isinstance(op, ast.Sub):
+            return _check(a - b)
+        if isinstance(op, ast.Mult):
+            return _check(a * b)
+        if isinstance(op, (ast.Div, ast.FloorDiv, ast.Mod)):
+            if b == 0:
+                raise ToolCallError("error: calculator: division by zero")
+            if isinstance(op, ast.Div):
+                return _check(a / b)
+            return _check(a // b if isinstance(op, ast.FloorDiv) else a % b)
+        if isinstance(op, ast.Pow):
+            if not isinstance(b, int) or not 0 <= b <= MAX_POWER:
+                raise ToolCallError(f"error: calculator: exponent must be an integer 0..{MAX_POWER}")
+            if a != 0 and abs(a) != 1 and b * math.log10(abs(a)) > 18:
+                raise ToolCallError("error: calculator: number too large")
+            return _check(a**b)
+    raise ToolCallError("error: calculator: only numbers, + - * / // % **, and parentheses")
+
+
+def calculate(expression: str) -> str:
+    """Evaluate arithmetic safely (``ast`` walk, bounded); raises ``ToolCallError``."""
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise ToolCallError("error: calculator: expression too long")
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise ToolCallError("error: calculator: invalid expression") from None
+    if sum(1 for _ in ast.walk(tree)) > MAX_NODES:
+        raise ToolCallError("error: calculator: expression too long")
+    try:
+        return format_number(_eval(tree))
+    except (OverflowError, RecursionError):
+        raise ToolCallError("error: calculator: number too large") from None
+
+
+# ---------------------------------------------------------------- sql (in the sandbox)
+
+# Trusted program run in the sandbox: stdin {"rows": [...], "query": str}; stdout one JSON line.
+SQL_RUNNER = r'''
+import json, sqlite3, sys
+req = json.loads(sys.stdin.read())
+out = {"ok": False}
+try:
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE items(name TEXT, kind TEXT, price INTEGER, qty INTEGER)")
+    conn.executemany("INSERT INTO items VALUES (?, ?, ?, ?)", req["rows"])
+    if hasattr(conn, "setlimit"):
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 100000)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+    allowed = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_FUNCTION, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
+    read = [False]
+    def authorize(action, arg1, arg2, db, trigger):
+        if action == sqlite3.SQLITE_READ:  # columns of the one table only (no sqlite_master)
+            read[0] = read[0] or arg1 == "items"
+            return sqlite3.SQLITE_OK if arg1 == "items" else sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK if action in allowed else sqlite3.SQLITE_DENY
+    conn.set_authorizer(authorize)
+    steps = [0]
+    def progress():
+        steps[0] += 1
+        return 1 if steps[0] > STEPS else 0
+    conn.set_progress_handler(progress, 1000)
+    cur = conn.execute(req["query"])
+    rows = cur.fetchmany(MAX_ROWS + 1)
+    def cell(v):
+        if v is None:
+            return "NULL"
+        if isinstance(v, float):
+            return str(int(v)) if v.is_integer() and abs(v) < 1e18 else repr(round(v, 6))
+        if isinstance(v, bytes):
+            return "<blob>"
+        return str(v)[:MAX_CELL]
+    out = {"ok": True, "rows": [", ".join(cell(v) for v in r) for r in rows[:MAX_ROWS]],
+           "more": len(rows) > MAX_ROWS, "read": read[0]}
+except Exception as e:
+    msg = "query too long to run" if "interrupted" in str(e) else str(e)
+    out = {"ok": False, "error": msg}
+sys.stdout.write(json.dumps(out) + "\n")
+'''
+SQL_RUNNER = (SQL_RUNNER.replace("STEPS", str(SQL_STEPS)).replace("MAX_ROWS", str(MAX_ROWS))
+              .replace("MAX_CELL", str(MAX_CELL_CHARS)))
+
+
+def format_rows(rows: list[str], more: bool) -> str:
+    if not rows:
+        return "(no rows)"
+    return "\n".join(rows) + ("\n..." if more else "")
+
+
+# ---------------------------------------------------------------- the environment
+
+
+def numbers_in(text: str) -> list[str]:
+    return _NUMBER.findall(text)
+
+
+def _contains(text: str, gold: str) -> bool:
+    return any(answers_equal(n, gold) for n in numbers_in(text))
+
+
+@ENVS.register("tool.use")
+class ToolUseEnv(ToolEnv):
+    """See the module docstring. ``self.log``: one dict per call that reached a tool."""
+
+    name = "tool.use"
+
+    def __init__(self, cfg: EnvConfig | None = None, *, sandbox: Any = None) -> None:
+        super().__init__(cfg, sandbox=sandbox)
+        self.log: list[dict[str, Any]] = []
+        self.answer_text = ""
+
+    def reset(self, task):
+        self.log, self.answer_text = [], ""
+        return super().reset(task)
+
+    # -- tools
+
+    def tools(self) -> list[Tool]:
+        tools = [Tool("calculator", "arithmetic, e.g. 12 * (3 + 4)", self._calculator,
+                      {"expression": ("string", "the expression")})]
+        if self.task is not None and self.task.spec.payload.get("rows"):
+            tools.append(Tool("sql", f"one SELECT on {SCHEMA}", self._sql,
+                              {"query": ("string", "the SQL query")}))
+        return tools
+
+    def _record(self, name: str, arguments: dict, result: str, ok: bool, read: bool = False) -> None:
+        self.log.append({"name": name, "arguments": arguments, "result": result, "ok": ok, "read": read})
+
+    def _calculator(self, expression: str) -> str:
+        try:
+            result = calculate(expression)
+        except ToolCallError as e:
+            self._record("calculator", {"expression": expression}, str(e), False)
+            raise
+        self._record("calculator", {"expression": expression}, result, True)
+        return result
+
+    def _sandbox(self):
+        if self.sandbox is None:
+            from rlvr.verifiers.code import current_sandbox
+
+            return current_sandbox()
+        return self.sandbox
+
+    def _sql(self, query: str) -> str:
+        args = {"query": query}
+        try:
+            result, read = self._run_sql(query)
+        except ToolCallError as e:
+            self._record("sql", args, str(e), False)
+            raise
+        self._record("sql", args, result, True, read)
+        return result
+
+    def _run_sql(self, query: str) -> tuple[str, bool]:
+        from rlvr.sandbox.types import Job, Limits
+
+        if len(query) > MAX_QUERY_CHARS:
+            raise ToolCallError("error: sql: query too long")
+        stdin = json.dumps({"rows": self.task.spec.payload["rows"], "query": query})
+        job = Job.run_program(SQL_RUNNER, stdin=stdin,
+                              limits=Limits(wall_s=3.0, cpu_s=2, memory_mb=1024, output_kb=16))
+        r = self._sandbox().run(job)
+        if r.status != "ok":
+            raise ToolCallError(f"error: sql: the query did not finish ({r.status})")
+        try:
+            out = json.loads(r.stdout.strip().splitlines()[-1])
+        except (json.JSONDecodeError, IndexError):
+            raise ToolCallError("error: sql: the query failed") from None
+        if not out.get("ok"):
+            msg = str(out.get("error", "failed"))[:MAX_ERROR_CHARS]
+            raise ToolCallError(f"error: sql: {msg}")
+        return format_rows(list(out["rows"]), bool(out.get("more"))), bool(out.get("read"))
+
+    # -- episode
+
+    def on_text(self, action: str) -> Step | None:
+        self.answer_text = action
+        self.finish_with("answer")
+        return self._end("answer")
+
+    def supported(self, gold: str) -> bool:
+        """Whether some successful tool result this episode supports ``gold`` (module docstring)."""
+        has_db = bool(self.task.spec.payload.get("rows"))
+        grounded: list[str] = []  # numbers from sql results that read the table
+        for entry in self.log:
+            if not entry["ok"]:
+                continue
+            args_text = " ".join(str(v) for v in entry["arguments"].values())
+            if entry["name"] == "sql":
+                if not entry["read"]:
+                    continue
+                grounded.extend(numbers_in(entry["result"]))
+                source_ok = True
+            else:
+                source_ok = not has_db or any(
+                    any(answers_equal(n, g) for g in grounded) for n in numbers_in(args_text))
+            if source_ok and _contains(entry["result"], gold) and not _contains(args_text, gold):
+                return True
+        return False
+
+    def _verify(self) -> Verdict:
+        gold = str(self.task.spec.payload["answer"])
+        extracted, status = extract_final_answer(self.answer_text)
+        details: dict[str, Any] = {"extracted": extracted, "gold": gold, "tool_calls": len(self.log),
+                                   "format_ok": extracted is not None}
+        if extracted is None:
+            return Verdict(False, 0.0, "no_answer", {**details, "status": status})
+        if not (is_final_form(extracted, gold) and answers_equal(extracted, gold)):
+            return Verdict(False, 0.0, "mismatch", details)
+        if not self.supported(gold):
+            return Verdict(False, 0.0, "unsupported", details)
+        return Verdict(True, 1.0, "ok", details)

@@ -1,0 +1,238 @@
+"""code.repair: the domain's generated projects and the tool environment, with scripted policies.
+
+Episodes run in the real sandbox (skipped where no strict backend exists): the scripted expert
+passes, a policy that edits a test file is ``tampered``, one that loops is cut by the budget,
+malformed calls are error observations and the episode goes on, and a reset puts the
+workspace back (by restore when the task is the same).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlvr.envs.base import EnvConfig, make_env, play
+from rlvr.envs.code_repair import CodeRepairEnv
+from rlvr.envs.tools import format_call
+from rlvr.sandbox import Sandbox, choose, plaindata
+from rlvr.tasks.base import DOMAINS, check_disjoint, generate_tasks
+from rlvr.tasks.code_repair import transcript
+from rlvr.types import Task
+
+SUBMIT = format_call("submit")
+RUN = format_call("run_tests")
+
+
+def task(level: int = 1, index: int = 0, split: str = "train", seed: int = 0) -> Task:
+    return DOMAINS.get("code.repair").generate(split, level, index, seed)
+
+
+def conversation_transcript(messages: list[dict]) -> str:
+    turns: list[list] = []
+    for m in messages[1:]:
+        if m["role"] == "assistant":
+            turns.append([m["content"], None])
+        else:
+            turns[-1][1] = m["content"]
+    return transcript(messages[0]["content"], [tuple(t) for t in turns])
+
+
+@pytest.fixture(scope="module")
+def sb():
+    if not choose("auto").strict:
+        pytest.skip("no strict sandbox backend here")
+    with Sandbox(workers=2) as box:
+        yield box
+
+
+@pytest.fixture
+def env(sb):
+    e = CodeRepairEnv(EnvConfig(max_turns=6), sandbox=sb)
+    yield e
+    e.close()
+
+
+# ---------------------------------------------------------------- generation (no sandbox)
+
+
+def test_tasks_shape_determinism_and_splits():
+    for level in (1, 2, 3, 4):
+        for split in ("train", "eval"):
+            for i in range(5):
+                t = task(level, i, split, seed=3)
+                assert t.to_dict() == task(level, i, split, seed=3).to_dict()
+                assert Task.from_dict(json.loads(json.dumps(t.to_dict()))) == t
+                assert t.meta["env"] == "code.repair" and t.spec.kind == "code.repair"
+                p = t.spec.payload
+                assert set(p["protected"]) <= set(p["files"]) and p["tests"] == p["protected"]
+                assert all(len(text) <= 250 for text in p["files"].values()), p["files"]
+                assert len(t.prompt) == 1 and len(t.prompt[0]["content"]) <= 160
+                assert 3 <= len(t.meta["actions"]) <= 5 and t.meta["actions"][-1] == SUBMIT
+                assert len(t.meta["reference"]) <= 1000
+                assert len(plaindata.decode(p["hidden"])) == len(plaindata.decode(p["expected"]))
+    assert task(1, 0, seed=0).meta["key"] != task(1, 0, seed=1).meta["key"]
+    train = generate_tasks("code.repair", "train", 60, seed=0)
+    evals = generate_tasks("code.repair", "eval", 60, seed=0)
+    check_disjoint(train, evals)
+    assert {t.level for t in train} == {1, 2, 3, 4}
+    docs = DOMAINS.get("code.repair").corpus(0, 2)
+    assert len(docs) == 2 and "<tool_call>" in docs[0] and "tool: " in docs[0]
+
+
+def test_level_prompts():
+    one, two, three, four = (task(level) for level in (1, 2, 3, 4))
+    assert "assert " in one.prompt[0]["content"] and "returned" in one.prompt[0]["content"]
+    assert "test_" in two.prompt[0]["content"] and "assert" not in two.prompt[0]["content"]
+    assert "util.py" in three.spec.payload["files"] and "from util import" in three.spec.payload["files"]["app.py"]
+    assert four.prompt[0]["content"].startswith("The tests fail.") and four.meta["actions"][0] == RUN
+
+
+# ---------------------------------------------------------------- episodes
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_conformance_expert_passes_and_unchanged_code_fails(env, seed):
+    for split in ("train", "eval"):
+        for level in (1, 2, 3, 4):
+            for index in range(3):
+                t = task(level, index, split, seed)
+                messages, verdict = play(env, t, t.meta["actions"])
+                assert verdict.passed and verdict.score == 1.0 and verdict.reason == "ok", (t.id, verdict)
+                assert verdict.details["finish"] == "submit"
+                # the reference transcript's simulated observations are what the env said
+                assert conversation_transcript(messages) == t.meta["reference"], t.id
+                _, verdict = play(env, t, [SUBMIT])  # unchanged code: the hidden tests fail
+                assert not verdict.passed and verdict.score == 0.0, (t.id, verdict)
+                assert verdict.reason == "wrong_answer"
+                assert env.restored
+
+
+def test_run_tests_reports_the_failing_test_then_passes(env):
+    t = task(2)
+    env.reset(t)
+    first = env.step(RUN).observation[0]["content"]
+    assert "FAILED" in first and first.endswith("1 failed, 1 passed")
+    for action in t.meta["actions"][:-1]:
+        env.step(action)
+    assert env.step(RUN).observation[0]["content"] == "2 passed"
+    assert not env.step(SUBMIT).observation
+    assert env.verify().passed
+
+
+def test_editing_a_test_file_is_tampering(env):
+    t = task(1)
+    test_path = t.spec.payload["protected"][0]
+    fixed = t.meta["actions"][:-1]
+    rewrite = format_call("write_file", {"path": test_path, "content": "def test_x():\n    pass\n"})
+    messages, verdict = play(env, t, [rewrite, *fixed, SUBMIT])
+    assert messages[2]["content"].startswith("error") and "read-only" in messages[2]["content"]
+    assert verdict.reason == "tampered" and verdict.score == 0.0 and not verdict.passed
+    # the file itself never changed, and replace() on it counts the same
+    assert env._ws.read(test_path) == t.spec.payload["files"][test_path]
+    patch = format_call("replace", {"path": test_path, "old": "assert", "new": "assert True or"})
+    _, verdict = play(env, t, [patch, *fixed[1:], SUBMIT])
+    assert verdict.reason == "tampered" and verdict.score == 0.0
+    # after a reset the attempt is forgotten: the expert passes again
+    assert play(env, t, t.meta["actions"])[1].passed
+
+
+def test_test_file_changed_behind_our_back_is_tampering(env):
+    t = task(1)
+    test_path = t.spec.payload["protected"][0]
+    env.reset(t)
+    for action in t.meta["actions"][:-1]:
+        env.step(action)
+    env._ws.write(test_path, "def test_ok():\n    pass\n")  # as if code in the sandbox had
+    env.step(SUBMIT)
+    assert env.verify().reason == "tampered"
+
+
+def test_code_run_by_the_tests_cannot_rewrite_the_tests(env):
+    t = task(1)
+    test_path = t.spec.payload["protected"][0]
+    module = t.meta["actions"][0]
+    path = json.loads(module.removeprefix("<tool_call>").removesuffix("</tool_call>"))["arguments"]["path"]
+    hack = (f"import os\ntry:\n    os.chmod({test_path!r}, 0o666)\n"
+            f"    open({test_path!r}, 'w').write('')\nexcept OSError:\n    pass\n")
+    write = format_call("write_file", {"path": path, "content": hack + t.spec.payload["files"][path]})
+    _, verdict = play(env, t, [write, RUN, SUBMIT])
+    assert not verdict.passed and verdict.score == 0.0
+    intact = env._ws.read(test_path) == t.spec.payload["files"][test_path]
+    assert intact or verdict.reason == "tampered"
+
+
+def test_looping_policy_ends_on_the_budget(env):
+    t = task(3)
+    look = format_call("list_files")
+    messages, verdict = play(env, t, [look] * 20)
+    assert env.finish == "turns" and env.turns == env.cfg.max_turns
+    assert verdict.reason == "budget" and verdict.score == 0.0 and not verdict.passed
+    assert messages[2]["content"].split("\n") == sorted(t.spec.payload["files"])
+    # fixing the bug without submitting is no better
+    _, verdict = play(env, t, t.meta["actions"][:-1])
+    assert verdict.reason == "budget" and verdict.details["finish"] == "turns"
+    # the wall-clock budget
+    slow = CodeRepairEnv(EnvConfig(wall_s=0.0), sandbox=env.sandbox)
+    try:
+        _, verdict = play(slow, t, t.meta["actions"])
+        assert slow.finish == "wall" and verdict.reason == "budget"
+    finally:
+        slow.close()
+
+
+@pytest.mark.parametrize("bad", [
+    "<tool_call>{bad json</tool_call>",
+    "<tool_call>{\"name\": \"read_file\"",  # unclosed
+    format_call("rm_rf", {}),
+    format_call("read_file", {}),
+    format_call("read_file", {"path": 3}),
+    format_call("read_file", {"path": "nope.py"}),
+    format_call("read_file", {"path": "/etc/passwd"}),
+    format_call("read_file", {"path": "../x.py"}),
+    format_call("write_file", {"path": "a/../ops.py", "content": "x"}),
+    format_call("replace", {"path": "ops.py", "old": "no such text", "new": "x"}),
+    format_call("replace", {"path": "ops.py", "old": "", "new": "x"}),
+    "I think the bug is in ops.py",  # no call at all
+])
+def test_malformed_calls_are_error_observations(env, bad):
+    t = task(1)
+    env.reset(t)
+    step = env.step(bad)
+    assert not step.done and step.observation[0]["role"] == "tool"
+    assert step.observation[0]["content"].startswith("error"), step.observation
+    for action in t.meta["actions"]:  # the episode goes on and can still be won
+        step = env.step(action)
+    assert step.done and env.verify().passed
+
+
+def test_reset_restores_the_workspace(env):
+    t, other = task(2, 0), task(2, 1)
+    path = t.spec.payload["files"]
+    env.reset(t)
+    assert not env.restored
+    env.step(format_call("write_file", {"path": "ops.py", "content": "broken(\n"}))
+    env.step(format_call("write_file", {"path": "extra.py", "content": "x = 1\n"}))
+    env.step(RUN)  # sandboxed code ran over the workspace too
+    env.reset(t)
+    assert env.restored
+    assert {p: env._ws.read(p) for p in env._ws.list()} == path
+    env.reset(other)
+    assert not env.restored and env._ws.list() == sorted(other.spec.payload["files"])
+    env.reset(other)
+    assert env.restored
+
+
+def test_make_env_and_syntax_error(sb):
+    t = task(1)
+    env = make_env("code.repair", sandbox=sb)
+    try:
+        assert isinstance(env, CodeRepairEnv)
+        assert [tool.name for tool in env.tools()] == [
+            "list_files", "read_file", "write_file", "replace", "run_tests", "submit"]
+        path = "ops.py"
+        _, verdict = play(env, t, [format_call("write_file", {"path": path, "content": "def (:\n"}), SUBMIT])
+        assert verdict.reason == "syntax_error" and verdict.score == 0.0
+    finally:
+        env.close()
+        env.close()  # idempotent
