@@ -133,6 +133,9 @@ def test_editing_a_test_file_is_tampering(env):
     patch = format_call("replace", {"path": test_path, "old": "assert", "new": "assert True or"})
     _, verdict = play(env, t, [patch, *fixed[1:], SUBMIT])
     assert verdict.reason == "tampered" and verdict.score == 0.0
+    # tampering is reported even when the episode then runs out of budget
+    _, verdict = play(env, t, [rewrite] + [format_call("list_files")] * 20)
+    assert verdict.reason == "tampered" and verdict.details["finish"] == "turns"
     # after a reset the attempt is forgotten: the expert passes again
     assert play(env, t, t.meta["actions"])[1].passed
 

@@ -98,10 +98,19 @@ class Environment:
             raise ValueError(f"cut reason must be one of {BUDGET_FINISHES}, got {reason!r}")
         self.finish = reason
 
+    def tampered(self) -> list[str]:
+        """What the episode changed that it must not have (e.g. test files); none by default."""
+        return []
+
     def verify(self) -> Verdict:
-        """The episode's verdict. An unfinished or budget-ended episode fails with ``budget``."""
+        """The episode's verdict: ``tampered`` if it touched what it must not (checked first,
+        whatever else happened), ``budget`` if it did not finish, else the environment's own."""
         if self.task is None:
             raise RuntimeError("verify() before reset()")
+        tampered = self.tampered()
+        if tampered:
+            return Verdict(False, 0.0, "tampered", {"tampered": tampered, "finish": self.finish or "unfinished",
+                                                    "turns": self.turns})
         if self.finish not in NATURAL_FINISHES:
             return Verdict(False, 0.0, "budget", {"finish": self.finish or "unfinished", "turns": self.turns})
         verdict = self._verify()

@@ -184,7 +184,7 @@ class CodeRepairEnv(ToolEnv):
 
     # -- verdict --
 
-    def _tampered(self) -> list[str]:
+    def tampered(self) -> list[str]:
         bad = list(dict.fromkeys(self._tamper))
         for path in self._payload["protected"]:
             try:
@@ -199,9 +199,6 @@ class CodeRepairEnv(ToolEnv):
         from rlvr.sandbox.types import Job
         from rlvr.verifiers.code import _finish_io, _parse
 
-        tampered = self._tampered()
-        if tampered:
-            return Verdict(False, 0.0, "tampered", {"tampered": tampered})
         hidden = [tuple(h) for h in plaindata.decode(self._payload["hidden"])]
         expected = plaindata.decode(self._payload["expected"])
         for module in dict.fromkeys(h[0] for h in hidden):  # compile only, never run here
