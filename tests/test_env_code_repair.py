@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+import time
+
 import pytest
 
 from rlvr.envs.base import EnvConfig, make_env, play
@@ -182,6 +184,22 @@ def test_looping_policy_ends_on_the_budget(env):
         assert slow.finish == "wall" and verdict.reason == "budget"
     finally:
         slow.close()
+
+
+def test_wall_budget_counts_environment_time_only(env):
+    """Time between turns (the batched generation of every episode) is not the episode's: a slow
+    machine must not turn every episode into a wall-budget failure."""
+    t = task(1)
+    patient = CodeRepairEnv(EnvConfig(wall_s=0.05), sandbox=env.sandbox)
+    try:
+        patient.reset(t)
+        time.sleep(0.1)  # "generation" of the first turn
+        assert not patient.step(format_call("list_files")).done
+        time.sleep(0.1)
+        assert not patient.step(format_call("list_files")).done
+        assert patient.env_seconds < 0.05
+    finally:
+        patient.close()
 
 
 @pytest.mark.parametrize("bad", [

@@ -12,7 +12,7 @@ Environments are registered by name in ``ENVS``; a task names its environment in
 ``task.meta["env"]`` (default ``single_turn``). An instance is reused across episodes
 (``reset`` again), which is what makes a reset cheap.
 
-Budgets: turns and wall time are checked by the environment; token budgets by the rollout
+Budgets: turns and wall time (seconds spent in ``step``) are checked by the environment; token budgets by the rollout
 collector, which knows the token ids, and reports them with ``env.cut(reason)``. An episode that
 ends on a budget fails (``Verdict.reason == "budget"``) whatever state it left.
 """
@@ -47,7 +47,9 @@ class EnvConfig:
     """Tokens in the whole episode (prompt, turns and observations), capped further by the
     model's own context length."""
     wall_s: float = 60.0
-    """Wall-clock seconds per episode, from reset."""
+    """Wall-clock seconds the episode may spend in the environment (tool calls, test runs), all
+    turns together. Generation time is not counted: in a batched rollout it is shared by every
+    episode and depends on machine load; the token budgets bound it."""
 
     def __post_init__(self) -> None:
         check_range("env.max_turns", self.max_turns, 1)
@@ -78,11 +80,11 @@ class Environment:
         self.task: Task | None = None
         self.turns = 0
         self.finish = ""
-        self.started = 0.0
+        self.env_seconds = 0.0  # wall time spent in step() this episode (the wall budget)
 
     def reset(self, task: Task) -> list[Message]:
         """Start an episode of ``task``; returns the prompt messages."""
-        self.task, self.turns, self.finish, self.started = task, 0, "", time.perf_counter()
+        self.task, self.turns, self.finish, self.env_seconds = task, 0, "", 0.0
         return list(task.prompt)
 
     def tools(self) -> list[Tool]:
@@ -183,6 +185,7 @@ class ToolEnv(Environment):
         if self.finish:
             raise RuntimeError(f"step() after the episode ended ({self.finish})")
         self.turns += 1
+        started = time.perf_counter()
         try:
             call = parse_tool_call(action)
             if call is None:
@@ -198,7 +201,8 @@ class ToolEnv(Environment):
             return self._end(self._done_reason)
         if self.turns >= self.cfg.max_turns:
             return self._end("turns")
-        if time.perf_counter() - self.started > self.cfg.wall_s:
+        self.env_seconds += time.perf_counter() - started
+        if self.env_seconds > self.cfg.wall_s:
             return self._end("wall")
         return Step((tool_message(name, result),), False, "")
 
