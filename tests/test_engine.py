@@ -1,4 +1,8 @@
-"""rlvr.rollout.engine: KV-cache batched generation against a plain no-cache reference."""
+"""rlvr.rollout.engine: KV-cache batched generation against a plain no-cache reference.
+
+Every decoding test runs on both backends: ``fast`` (rlvr's own decoder, rollout/decoder.py) and
+``hf`` (the Hugging Face forward with its cache). GQA is covered: CFG has 4 query heads, 2 KV heads.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +13,16 @@ import torch
 
 from rlvr.model.tiny import TinyModelConfig, build_tiny_model
 from rlvr.model.tokenizer import train_tokenizer
+from rlvr.rollout import decoder
 from rlvr.rollout.engine import SamplingParams, generate, sequence_logprobs, top_p_filter
 
 CFG = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
 PAD = 2
+BACKENDS = pytest.mark.parametrize("backend", ["fast", "hf"])
+
+
+def greedy_params(max_new_tokens: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=())
 
 
 @pytest.fixture(scope="module")
@@ -43,21 +53,23 @@ def reference_greedy(model, prompt, max_new, stop_ids):
     return out, "length"
 
 
-def test_greedy_with_cache_and_left_padding_matches_no_cache_reference(model, prompts):
-    params = SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=())
-    got = generate(model, prompts, params, pad_token_id=PAD)
+@BACKENDS
+def test_greedy_with_cache_and_left_padding_matches_no_cache_reference(model, prompts, backend):
+    params = greedy_params(8)
+    got = generate(model, prompts, params, pad_token_id=PAD, backend=backend)
     for i, (c, p) in enumerate(zip(got, prompts)):
         assert c.prompt_index == i
         assert (c.token_ids, c.finish_reason) == reference_greedy(model, p, 8, ())
 
 
-def test_rows_stop_independently(model, prompts):
+@BACKENDS
+def test_rows_stop_independently(model, prompts, backend):
     """Stop on a token some rows produce at different steps; stopped rows leave the batch without
     changing the others, so every row still equals its own no-cache reference."""
-    free = generate(model, prompts, SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=()), pad_token_id=PAD)
+    free = generate(model, prompts, greedy_params(8), pad_token_id=PAD, backend=backend)
     stop = free[1].token_ids[2]
     params = SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=(stop,))
-    got = generate(model, prompts, params, pad_token_id=PAD)
+    got = generate(model, prompts, params, pad_token_id=PAD, backend=backend)
     expected = [reference_greedy(model, p, 8, {stop}) for p in prompts]
     assert [(c.token_ids, c.finish_reason) for c in got] == expected
     assert got[1].finish_reason == "stop" and got[1].token_ids[-1] == stop and len(got[1].token_ids) <= 3
@@ -66,7 +78,7 @@ def test_rows_stop_independently(model, prompts):
 
 
 def test_default_stop_is_the_model_eos(model, prompts):
-    free = generate(model, prompts[:1], SamplingParams(max_new_tokens=6, temperature=0.0, stop_token_ids=()), pad_token_id=PAD)
+    free = generate(model, prompts[:1], greedy_params(6), pad_token_id=PAD)
     eos = free[0].token_ids[3]
     saved = model.generation_config.eos_token_id
     model.generation_config.eos_token_id = eos  # pretend the model's EOS is a token it emits
@@ -77,11 +89,13 @@ def test_default_stop_is_the_model_eos(model, prompts):
     assert c.finish_reason == "stop" and c.token_ids[-1] == eos and len(c.token_ids) <= 4
 
 
-def test_logprobs_are_plain_policy_logprobs(model, prompts):
+@BACKENDS
+def test_logprobs_are_plain_policy_logprobs(model, prompts, backend):
     """Sampling with temperature/top-p still records log pi(y) at temperature 1, the same value
     a fresh right-padded forward pass gives."""
     params = SamplingParams(max_new_tokens=7, temperature=0.7, top_p=0.9, n=2, stop_token_ids=())
-    got = generate(model, prompts, params, generator=torch.Generator().manual_seed(1), pad_token_id=PAD)
+    got = generate(model, prompts, params, generator=torch.Generator().manual_seed(1), pad_token_id=PAD,
+                   backend=backend)
     seqs = [prompts[c.prompt_index] + c.token_ids for c in got]
     width = max(map(len, seqs))
     ids = torch.full((len(seqs), width), PAD)
@@ -96,20 +110,24 @@ def test_logprobs_are_plain_policy_logprobs(model, prompts):
         assert all(x <= 0 for x in c.logprobs)
 
 
-def test_n_samples_are_prompt_major_and_chunking_keeps_greedy(model, prompts):
+@BACKENDS
+def test_n_samples_are_prompt_major_and_chunking_keeps_greedy(model, prompts, backend):
     params = SamplingParams(max_new_tokens=5, temperature=0.0, n=3, stop_token_ids=())
-    whole = generate(model, prompts, params, pad_token_id=PAD)
+    whole = generate(model, prompts, params, pad_token_id=PAD, backend=backend)
     assert [c.prompt_index for c in whole] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
     assert all(whole[3 * i].token_ids == whole[3 * i + k].token_ids for i in range(4) for k in (1, 2))
-    chunked = generate(model, prompts, params, pad_token_id=PAD, batch_size=2)  # splits prompts' samples
+    # batch_size=2 splits prompts' samples across chunks
+    chunked = generate(model, prompts, params, pad_token_id=PAD, batch_size=2, backend=backend)
     assert [(c.prompt_index, c.token_ids) for c in chunked] == [(c.prompt_index, c.token_ids) for c in whole]
 
 
-def test_sampling_is_reproducible_for_a_generator(model, prompts):
+@BACKENDS
+def test_sampling_is_reproducible_for_a_generator(model, prompts, backend):
     params = SamplingParams(max_new_tokens=6, temperature=1.0, n=4, stop_token_ids=())
 
     def run(seed):
-        out = generate(model, prompts, params, generator=torch.Generator().manual_seed(seed), pad_token_id=PAD)
+        g = torch.Generator().manual_seed(seed)
+        out = generate(model, prompts, params, generator=g, pad_token_id=PAD, backend=backend)
         return [c.token_ids for c in out]
 
     a, b, c = run(0), run(0), run(1)
@@ -117,11 +135,12 @@ def test_sampling_is_reproducible_for_a_generator(model, prompts):
     assert len({tuple(t) for t in a[:4]}) > 1  # samples of one prompt differ
 
 
-def test_tiny_top_p_is_greedy(model, prompts):
-    greedy = generate(model, prompts, SamplingParams(max_new_tokens=6, temperature=0.0, stop_token_ids=()), pad_token_id=PAD)
+@BACKENDS
+def test_tiny_top_p_is_greedy(model, prompts, backend):
+    greedy = generate(model, prompts, greedy_params(6), pad_token_id=PAD, backend=backend)
     nucleus = generate(
         model, prompts, SamplingParams(max_new_tokens=6, temperature=1.0, top_p=1e-6, n=2, stop_token_ids=()),
-        generator=torch.Generator().manual_seed(0), pad_token_id=PAD,
+        generator=torch.Generator().manual_seed(0), pad_token_id=PAD, backend=backend,
     )
     assert [c.token_ids for c in nucleus] == [g.token_ids for g in greedy for _ in range(2)]
 
@@ -165,3 +184,248 @@ def test_bad_params_are_rejected():
         SamplingParams(top_p=0.0)
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=-1.0)
+
+
+# -- the fast decoder ---------------------------------------------------------------------------
+
+
+def _count_calls(monkeypatch, cls, name):
+    calls = []
+    original = getattr(cls, name)
+
+    def spy(self, *args, **kwargs):
+        calls.append(args)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, name, spy)
+    return calls
+
+
+def test_auto_uses_the_fast_decoder_for_llama(model, prompts, monkeypatch):
+    assert decoder.unsupported_reason(model) is None
+    starts = _count_calls(monkeypatch, decoder.FastLlama, "start")
+    generate(model, prompts, greedy_params(3), pad_token_id=PAD)
+    assert len(starts) == 1
+
+
+def test_fast_equals_hf_path_with_n_and_rows_finishing_at_different_steps(model, prompts, monkeypatch):
+    """Greedy tokens identical and logprobs equal between the two backends, with n > 1 and a stop
+    token that rows reach at different steps (finished rows wait for compaction, then leave)."""
+    free = generate(model, prompts, greedy_params(12), pad_token_id=PAD)
+    counts = {}
+    for c in free:
+        for t in set(c.token_ids):
+            counts[t] = counts.get(t, 0) + 1
+    # a token that some (not all) prompts emit: rows stop at different steps
+    stop = next(t for t in free[1].token_ids[1:] if 0 < counts[t] < len(prompts))
+    params = SamplingParams(max_new_tokens=12, temperature=0.0, n=3, stop_token_ids=(stop,))
+    compactions = _count_calls(monkeypatch, decoder.DecodeState, "compact")
+    fast = generate(model, prompts, params, pad_token_id=PAD, backend="fast")
+    hf = generate(model, prompts, params, pad_token_id=PAD, backend="hf")
+    assert [(c.token_ids, c.finish_reason) for c in fast] == [(c.token_ids, c.finish_reason) for c in hf]
+    assert {c.finish_reason for c in fast} == {"stop", "length"}
+    assert compactions  # rows did leave the fast decoder's batch
+    expected = [reference_greedy(model, prompts[c.prompt_index], 12, {stop}) for c in fast]
+    assert [(c.token_ids, c.finish_reason) for c in fast] == expected
+    for a, b in zip(fast, hf):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+
+
+def test_sampling_matches_between_backends(model, prompts):
+    """Same generator, same batch: the sampled tokens agree (the logits agree to float error)."""
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, n=2, stop_token_ids=())
+    runs = [generate(model, prompts, params, generator=torch.Generator().manual_seed(3), pad_token_id=PAD, backend=b)
+            for b in ("fast", "hf")]
+    assert [c.token_ids for c in runs[0]] == [c.token_ids for c in runs[1]]
+
+
+def test_fast_decoder_sees_weight_updates(model, prompts):
+    """The decoder reads the module's parameters (no stale copies between calls)."""
+    params = greedy_params(6)
+    before = [c.token_ids for c in generate(model, prompts, params, pad_token_id=PAD, backend="fast")]
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(5)
+            for p in model.parameters():  # an in-place "optimizer step"
+                p.add_(torch.randn(p.shape, generator=g) * 0.5)
+        after = generate(model, prompts, params, pad_token_id=PAD, backend="fast")
+        assert [c.token_ids for c in after] != before
+        assert [(c.token_ids, c.finish_reason) for c in after] == [reference_greedy(model, p, 6, ()) for p in prompts]
+    finally:
+        model.load_state_dict(saved)
+
+
+def _first_stop(tok, ids, stop):
+    """Reference: the first prefix of ``ids`` whose decoded text contains ``stop``."""
+    for j in range(len(ids)):
+        if stop in tok.decode(ids[: j + 1]):
+            return j + 1
+    return None
+
+
+@BACKENDS
+def test_stop_strings_spanning_two_tokens(model, tok, prompts, backend):
+    free = generate(model, prompts, greedy_params(10), pad_token_id=PAD)
+    ids = free[1].token_ids
+    # a stop string made of the end of one token's text and the start of the next token's text
+    k = next(k for k in range(1, 8) if tok.decode(ids[k : k + 1]) and tok.decode(ids[k + 1 : k + 2]))
+    stop = tok.decode(ids[k : k + 1])[-1] + tok.decode(ids[k + 1 : k + 2])[0]
+    end = _first_stop(tok, ids, stop)
+    assert end is not None and end <= k + 2
+    params = SamplingParams(max_new_tokens=10, temperature=0.0, stop_token_ids=(), stop=(stop, "\x00never"))
+    got = generate(model, prompts, params, pad_token_id=PAD, tokenizer=tok, backend=backend)
+    assert got[1].token_ids == ids[:end] and got[1].finish_reason == "stop"
+    for c, f in zip(got, free):  # every row: cut exactly at its own first stop string, if any
+        e = _first_stop(tok, f.token_ids, stop)
+        assert (c.token_ids, c.finish_reason) == ((f.token_ids[:e], "stop") if e else (f.token_ids, "length"))
+        assert len(c.logprobs) == len(c.token_ids)
+
+
+def test_stop_strings_need_a_tokenizer(model, prompts):
+    with pytest.raises(ValueError, match="tokenizer"):
+        generate(model, prompts, SamplingParams(max_new_tokens=3, stop=("\n",)), pad_token_id=PAD)
+    with pytest.raises(ValueError, match="stop strings"):
+        SamplingParams(stop=("",))
+    assert SamplingParams(stop="ab").stop == ("ab",)
+
+
+def test_non_llama_model_falls_back_to_the_hf_forward(tok, prompts):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=2, n_head=2,
+                     eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(cfg).eval()
+    assert decoder.unsupported_reason(gpt2) is not None
+    params = greedy_params(5)
+    got = generate(gpt2, prompts, params, pad_token_id=PAD)
+    assert [(c.token_ids, c.finish_reason) for c in got] == [reference_greedy(gpt2, p, 5, ()) for p in prompts]
+    with pytest.raises(ValueError, match="fast decoder"):
+        generate(gpt2, prompts, params, pad_token_id=PAD, backend="fast")
+
+
+# -- CUDA (skipped without a GPU: pytest -m gpu) --------------------------------------------------
+
+
+def _cuda_model(model):
+    import copy
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    return copy.deepcopy(model).to("cuda", torch.bfloat16).eval()
+
+
+def _same_up_to_ties(m, prompt, a, b, tol=0.02):
+    """Greedy outputs agree, or first differ where the model's top two logits are within ``tol``
+    (a bf16 near-tie that a different but correct summation order may break either way)."""
+    j = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if j is None:
+        return len(a) == len(b)  # same prefix, so the same stop token ended both
+    with torch.no_grad():
+        logits = m(torch.tensor([list(prompt) + a[:j]], device="cuda")).logits[0, -1].float()
+    top = logits.topk(2).values
+    return float(top[0] - top[1]) <= tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", [True, False])
+def test_cuda_bf16_greedy_parity_with_hf_path(model, prompts, graphs):
+    m = _cuda_model(model)
+    stop = generate(m, prompts, greedy_params(10),
+                    pad_token_id=PAD, backend="hf")[1].token_ids[3]
+    params = SamplingParams(max_new_tokens=10, temperature=0.0, n=3, stop_token_ids=(stop,))
+    fast = generate(m, prompts, params, pad_token_id=PAD, backend="fast", cuda_graphs=graphs)
+    hf = generate(m, prompts, params, pad_token_id=PAD, backend="hf")
+    same = [a.token_ids == b.token_ids for a, b in zip(fast, hf)]
+    assert sum(same) >= 0.75 * len(same)
+    for a, b in zip(fast, hf):
+        assert _same_up_to_ties(m, prompts[a.prompt_index], a.token_ids, b.token_ids)
+        if a.token_ids == b.token_ids:
+            assert a.finish_reason == b.finish_reason
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=5e-2, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", [True, False])
+def test_cuda_bf16_logprobs_match_sequence_logprobs(model, prompts, graphs):
+    m = _cuda_model(model)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, n=5, stop_token_ids=())
+    got = generate(m, prompts, params, generator=torch.Generator("cuda").manual_seed(0), pad_token_id=PAD,
+                   backend="fast", cuda_graphs=graphs)
+    assert all(len(c.token_ids) == 12 for c in got)
+    seqs = [prompts[c.prompt_index] + c.token_ids for c in got]
+    width = max(map(len, seqs))
+    ids = torch.full((len(seqs), width), PAD)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, : len(s)], mask[r, : len(s)] = torch.tensor(s), 1
+    with torch.no_grad():
+        lp = sequence_logprobs(m, ids.cuda(), mask.cuda()).cpu()
+    diffs = []
+    for r, c in enumerate(got):
+        start = len(prompts[c.prompt_index])
+        diffs.append((lp[r, start : start + len(c.token_ids)] - torch.tensor(c.logprobs)).abs())
+    diffs = torch.cat(diffs)
+    assert diffs.max() < 0.1 and diffs.mean() < 0.02, (diffs.max(), diffs.mean())
+
+
+@pytest.mark.parametrize("policy", [True, False])
+def test_compaction_policy_does_not_change_results(model, prompts, monkeypatch, policy):
+    """Finished rows either leave at once or stay (masked out of the results) until the end."""
+    free = generate(model, prompts, greedy_params(10), pad_token_id=PAD)
+    stop = free[2].token_ids[1]
+    monkeypatch.setattr(decoder.DecodeState, "worth_compacting", lambda self, alive, remaining: policy)
+    params = SamplingParams(max_new_tokens=10, temperature=0.0, n=2, stop_token_ids=(stop,))
+    got = generate(model, prompts, params, pad_token_id=PAD, backend="fast")
+    expected = [reference_greedy(model, prompts[c.prompt_index], 10, {stop}) for c in got]
+    assert [(c.token_ids, c.finish_reason) for c in got] == expected
+    assert any(c.finish_reason == "stop" for c in got) and any(c.finish_reason == "length" for c in got)
+
+
+def test_static_step_matches_the_eager_step(model, prompts):
+    """The capturable step of the CUDA-graph path (whole-cache attention under the mask, K/V
+    written at a column held in a tensor), run eagerly on CPU, equals the eager step, compaction
+    included."""
+    with torch.inference_mode():
+        f = decoder.FastLlama(model)
+        rows = torch.tensor([0, 0, 1, 2, 2, 3])
+        states = [f.start(6, 9 + 6) for _ in range(2)]
+        for st in states:
+            for buf in st.k + st.v:
+                buf.zero_()
+            first = st.prefill(prompts, rows, PAD)
+        tok = first.argmax(-1)
+        for t in range(5):
+            if t == 2:
+                for st in states:
+                    st.compact(torch.tensor([0, 2, 3, 5]))
+                tok = tok[[0, 2, 3, 5]]
+            a = states[0].step(tok)
+            b = states[1].step_static(tok, torch.tensor([states[1].col]))
+            states[1].col += 1
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+            tok = a.argmax(-1)
+
+
+def test_qwen2_layout_with_qkv_bias_runs_fast(tok, prompts):
+    """Qwen2 is Llama's layout plus q/k/v biases: the fast decoder takes it, and matches."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      use_sliding_window=False, eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    qwen = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in qwen.model.layers:  # non-zero biases, so that they matter
+            layer.self_attn.q_proj.bias.normal_(0, 0.5)
+            layer.self_attn.k_proj.bias.normal_(0, 0.5)
+    assert decoder.unsupported_reason(qwen) is None
+    params = SamplingParams(max_new_tokens=5, temperature=0.0, n=2, stop_token_ids=())
+    fast = generate(qwen, prompts, params, pad_token_id=PAD, backend="fast")
+    assert [(c.token_ids, c.finish_reason) for c in fast] == [
+        reference_greedy(qwen, prompts[c.prompt_index], 5, ()) for c in fast]
+    hf = generate(qwen, prompts, params, pad_token_id=PAD, backend="hf")
+    for a, b in zip(fast, hf):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)

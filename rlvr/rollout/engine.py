@@ -4,8 +4,14 @@ What it does:
 - ``generate`` samples ``n`` completions for each prompt (token ids in, token ids out). Prompts
   are left-padded into one batch; each distinct prompt is prefilled once and its KV cache copied
   to its ``n`` sample rows; decoding then runs one token per step for all rows, reusing the cache.
-  Rows that hit a stop token leave the batch (the cache, mask and positions are compacted), so
-  finished rows cost nothing and cannot affect the others.
+  Rows that finish leave the batch (the cache, mask and positions are compacted, at once or when
+  worth it), so finished rows cannot affect the others.
+- Two backends behind one loop: rlvr's own decoder for Llama-layout models
+  (``rollout/decoder.py``: preallocated cache, fused weights, CUDA graphs on GPU; the default
+  when the model fits) and the Hugging Face forward with its ``DynamicCache`` (any causal LM).
+- A completion ends on a stop token (``stop_token_ids``, default the model's EOS), on a stop
+  string (``stop``; the token whose decoded text completes one is kept), or at
+  ``max_new_tokens``.
 - It records, for every generated token, ``log pi(token)`` under the *unmodified* policy, i.e.
   ``log_softmax(logits)`` at temperature 1 without top-p truncation, whatever temperature/top-p
   was used to sample. That is the ``pi_old`` of the PPO ratio; it matches ``sequence_logprobs``
@@ -15,8 +21,8 @@ What it does:
 
 What it does not do: tokenisation, chat templates, multi-turn tool loops or trajectory bookkeeping
 (``rlvr/rollout/collect.py``), and no paged attention or continuous batching (the vLLM adapter is
-the fast path on GPUs). Sampling is reproducible for a fixed ``generator`` and the same batch
-composition; a different ``batch_size`` draws different random numbers.
+the fast path on big GPUs). Sampling is reproducible for a fixed ``generator`` and the same batch
+composition; a different ``batch_size`` draws different random numbers. See docs/rollout.md.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+
+from rlvr.rollout.decoder import FastLlama, unsupported_reason
 
 
 @dataclass
@@ -44,6 +52,9 @@ class SamplingParams:
     """Completions per prompt."""
     stop_token_ids: tuple[int, ...] | None = None
     """Generation stops after any of these; None means the model's eos token id(s), () never stops."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: a completion ends with the token whose text completes one of them (that token
+    kept). Needs ``generate(..., tokenizer=...)``."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -56,6 +67,11 @@ class SamplingParams:
             raise ValueError(f"n must be >= 1, got {self.n}")
         if self.stop_token_ids is not None:
             self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
+        if isinstance(self.stop, str):
+            self.stop = (self.stop,)
+        self.stop = tuple(self.stop)
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
 
 
 @dataclass
@@ -106,9 +122,14 @@ def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Gener
     """Next token per row from float32 logits [B, V] -> [B]."""
     if params.temperature == 0:
         return logits.argmax(dim=-1)
-    scaled = top_p_filter(logits / params.temperature, params.top_p)
-    probs = scaled.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    scaled = logits if params.temperature == 1 else logits / params.temperature
+    scaled = top_p_filter(scaled, params.top_p)
+    # Inverse-CDF sampling: one uniform per row (torch.multinomial draws one exponential per
+    # vocabulary entry, ~8x slower here). A token of probability 0 is never picked: its CDF step
+    # is empty.
+    cdf = scaled.softmax(dim=-1).cumsum(dim=-1)
+    u = torch.rand((cdf.shape[0], 1), generator=generator, device=cdf.device, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
 
 
 def generate(
@@ -119,19 +140,30 @@ def generate(
     generator: torch.Generator | None = None,
     pad_token_id: int,
     batch_size: int | None = None,
+    tokenizer=None,
+    backend: Literal["auto", "fast", "hf"] = "auto",
+    cuda_graphs: bool | None = None,
 ) -> list[Completion]:
     """Sample ``params.n`` completions per prompt; returns ``len(prompts) * n`` completions,
     prompt-major (all of prompt 0's samples first).
 
     ``batch_size`` caps the rows (samples) decoded together; None decodes everything at once.
     ``generator`` (on the model's device) makes sampling reproducible; ``pad_token_id`` fills the
-    left padding of prompts (it is masked, so any id works). Runs in eval mode under
-    ``torch.inference_mode`` and restores the model's train/eval mode afterwards.
+    left padding of prompts (it is masked, so any id works). ``tokenizer`` is needed only for
+    ``params.stop`` (stop strings). ``backend``: ``"fast"`` is rlvr's own decoder for Llama-layout
+    models (``rollout/decoder.py``), ``"hf"`` the Hugging Face forward with its cache, ``"auto"``
+    the fast one when the model fits it. ``cuda_graphs`` (fast backend; default: on for CUDA)
+    captures the decode step in CUDA graphs. Runs in eval mode under ``torch.inference_mode``
+    and restores the model's train/eval mode afterwards.
     """
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if params.stop and tokenizer is None:
+        raise ValueError("SamplingParams.stop (stop strings) needs generate(..., tokenizer=...) to decode tokens")
+    if backend not in ("auto", "fast", "hf"):
+        raise ValueError(f"backend must be one of auto, fast, hf; got {backend!r}")
     stop_ids = params.stop_token_ids if params.stop_token_ids is not None else _model_stop_ids(model)
     rows = [i for i in range(len(prompts)) for _ in range(params.n)]  # prompt index of each row
     step = batch_size or max(len(rows), 1)
@@ -140,102 +172,166 @@ def generate(
     out: list[Completion] = []
     try:
         with torch.inference_mode():
+            fast = None
+            if backend != "hf":
+                reason = unsupported_reason(model)
+                if reason is not None and backend == "fast":
+                    raise ValueError(f"the fast decoder cannot run this model: {reason}")
+                fast = FastLlama(model) if reason is None else None
+            graphs = False
+            if fast is not None:
+                on_cuda = fast.device.type == "cuda"
+                graphs = on_cuda if cuda_graphs is None else (bool(cuda_graphs) and on_cuda)
             for start in range(0, len(rows), step):
                 chunk = rows[start : start + step]
-                out += _generate_rows(model, prompts, chunk, params, stop_ids, generator, pad_token_id)
+                out += _generate_rows(model, fast, graphs, prompts, chunk, params, stop_ids, generator,
+                                      pad_token_id, tokenizer)
     finally:
         model.train(was_training)
     return out
 
 
-def _prefill(
-    model: torch.nn.Module, prompts: list[Sequence[int]], pad_token_id: int, device: torch.device
-) -> tuple[torch.Tensor, object, torch.Tensor, torch.Tensor]:
-    """Run the prompts once, left-padded, with positions counted over real tokens only.
+class _HFState:
+    """The Hugging Face forward with its own cache, behind the interface of ``DecodeState``."""
 
-    Returns the last-position logits [U, V] (float32), the KV cache, the attention mask [U, W]
-    and the position of the next token [U].
-    """
-    lengths = [len(p) for p in prompts]
-    width = max(lengths)
-    input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for k, p in enumerate(prompts):
-        input_ids[k, width - lengths[k] :] = torch.tensor(p, dtype=torch.long)
-        mask[k, width - lengths[k] :] = 1
-    input_ids, mask = input_ids.to(device), mask.to(device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    cache = getattr(out, "cache", None)
-    if cache is None:  # transformers < 5.x names it past_key_values
-        cache = out.past_key_values
-    return out.logits[:, -1].float(), cache, mask, positions[:, -1] + 1
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.cache_kwarg = _cache_kwarg(model)
+
+    def prefill(self, prompts: list, expand: torch.Tensor, pad_token_id: int) -> torch.Tensor:
+        """Run the prompts once, left-padded, with positions counted over real tokens only, then
+        copy each prompt's cache, mask and position to its sample rows."""
+        lengths = [len(p) for p in prompts]
+        width = max(lengths)
+        input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for k, p in enumerate(prompts):
+            input_ids[k, width - lengths[k] :] = torch.tensor(list(p), dtype=torch.long)
+            mask[k, width - lengths[k] :] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                         logits_to_keep=1)
+        cache = getattr(out, "cache", None)
+        if cache is None:  # transformers < 5.x names it past_key_values
+            cache = out.past_key_values
+        cache.batch_select_indices(expand)
+        self.cache, self.mask, self.next_pos = cache, mask[expand], (positions[:, -1] + 1)[expand]
+        return out.logits[:, -1].float()[expand]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
+        logits = self.model(
+            input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.next_pos[:, None],
+            use_cache=True, **{self.cache_kwarg: self.cache},
+        ).logits[:, -1].float()
+        self.next_pos = self.next_pos + 1
+        return logits
+
+    def compact(self, keep: torch.Tensor) -> None:
+        self.cache.batch_select_indices(keep)
+        self.mask, self.next_pos = self.mask[keep], self.next_pos[keep]
+
+    def worth_compacting(self, alive: int, remaining: int) -> bool:
+        return True
+
+
+def _stop_string_hit(tokenizer, history: list[int], stops: tuple[str, ...], window: int) -> bool:
+    """Whether the text of the last ``window`` tokens contains a stop string. Called after every
+    token of a live row, so a hit is the first one and ends on the newest token (the window is
+    long enough for a stop string of maximal length even at 4 tokens per character)."""
+    text = tokenizer.decode(history[-window:])
+    return any(s in text for s in stops)
 
 
 def _generate_rows(
     model: torch.nn.Module,
+    fast: FastLlama | None,
+    cuda_graphs: bool,
     prompts: Sequence[Sequence[int]],
     rows: list[int],
     params: SamplingParams,
     stop_ids: tuple[int, ...],
     generator: torch.Generator | None,
     pad_token_id: int,
+    tokenizer,
 ) -> list[Completion]:
     """Generate one completion per entry of ``rows`` (prompt indices, grouped by prompt)."""
     if params.max_new_tokens == 0:
         return [Completion(i, [], [], "length") for i in rows]
-    device = next(model.parameters()).device
     unique = list(dict.fromkeys(rows))  # distinct prompts in order of appearance
     row_of = {p: k for k, p in enumerate(unique)}
-    logits, cache, mask, next_pos = _prefill(model, [prompts[p] for p in unique], pad_token_id, device)
-    # Copy each prompt's cache, logits and mask to its sample rows: one prefill per distinct prompt.
-    expand = torch.tensor([row_of[p] for p in rows], device=device)
-    cache.batch_select_indices(expand)
-    logits, mask, next_pos = logits[expand], mask[expand], next_pos[expand]
-    cache_kwarg = _cache_kwarg(model)
-
     B, T = len(rows), params.max_new_tokens
+    if fast is not None:
+        device = fast.device
+        width = max(len(prompts[p]) for p in unique)
+        state = fast.start(B, width + T, cuda_graphs=cuda_graphs)
+    else:
+        state = _HFState(model)
+        device = state.device
+    # One prefill per distinct prompt; its cache, logits and mask are copied to its sample rows.
+    expand = torch.tensor([row_of[p] for p in rows], device=device)
+    logits = state.prefill([prompts[p] for p in unique], expand, pad_token_id)
+
     tokens = torch.full((B, T), pad_token_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((B, T), dtype=torch.float32, device=device)
-    lengths = torch.full((B,), T, dtype=torch.long, device=device)
-    stopped = torch.zeros(B, dtype=torch.bool, device=device)
+    lengths = [T] * B
+    stopped = [False] * B
+    present = list(range(B))  # original row of each row in the decoder, in order
+    present_t: torch.Tensor | None = None  # the same as a tensor; None while it is arange(B)
+    alive = [True] * B  # per present row: not finished yet (finished rows wait for compaction)
+    n_alive = B
     stop_tensor = torch.tensor(stop_ids, dtype=torch.long, device=device)
-    active = torch.arange(B, device=device)  # original row of each row still in the batch
+    stops = tuple(params.stop)
+    history: list[list[int]] = [[] for _ in range(B)] if stops else []
+    window = 4 * max((len(s) for s in stops), default=0) + 4
 
     for t in range(T):
         token = _sample(logits, params, generator)
-        tokens[active, t] = token
-        logprobs[active, t] = logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
-        done = torch.isin(token, stop_tensor)
-        if done.any():
-            stopped[active[done]] = True
-            lengths[active[done]] = t + 1
-            keep = (~done).nonzero().squeeze(-1)
-            if keep.numel() == 0:
-                break
-            # Compact: finished rows leave the batch, the KV cache included.
-            active, token, mask, next_pos = active[keep], token[keep], mask[keep], next_pos[keep]
-            cache.batch_select_indices(keep)
-        if t == T - 1:
+        lp = logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
+        # Every present row is recorded; what a finished row writes past its length is dropped.
+        if present_t is None:
+            tokens[:, t], logprobs[:, t] = token, lp
+        else:
+            tokens[present_t, t], logprobs[present_t, t] = token, lp
+        finished: list[int] = []  # indices into present
+        if stops:
+            token_l = token.tolist()
+            for i, r in enumerate(present):
+                if alive[i]:
+                    history[r].append(token_l[i])
+                    if token_l[i] in stop_ids or _stop_string_hit(tokenizer, history[r], stops, window):
+                        finished.append(i)
+        elif stop_tensor.numel():
+            done = torch.isin(token, stop_tensor)
+            if n_alive < len(present):
+                done &= torch.tensor(alive, device=device)
+            if done.any():
+                finished = done.nonzero().squeeze(-1).tolist()
+        for i in finished:
+            alive[i] = False
+            lengths[present[i]], stopped[present[i]] = t + 1, True
+        n_alive -= len(finished)
+        if n_alive == 0 or t == T - 1:
             break
-        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-        logits = model(
-            input_ids=token[:, None],
-            attention_mask=mask,
-            position_ids=next_pos[:, None],
-            use_cache=True,
-            **{cache_kwarg: cache},
-        ).logits[:, -1].float()
-        next_pos = next_pos + 1
+        if finished and state.worth_compacting(n_alive, T - 1 - t):
+            keep_l = [i for i, a in enumerate(alive) if a]
+            keep = torch.tensor(keep_l, device=device)
+            state.compact(keep)
+            token = token.index_select(0, keep)
+            present = [present[i] for i in keep_l]
+            present_t = torch.tensor(present, device=device)
+            alive = [True] * len(present)
+        logits = state.step(token)
 
     tokens_l, logprobs_l = tokens.tolist(), logprobs.tolist()
-    lengths_l, stopped_l = lengths.tolist(), stopped.tolist()
     return [
         Completion(
             prompt_index=p,
-            token_ids=tokens_l[r][: lengths_l[r]],
-            logprobs=logprobs_l[r][: lengths_l[r]],
-            finish_reason="stop" if stopped_l[r] else "length",
+            token_ids=tokens_l[r][: lengths[r]],
+            logprobs=logprobs_l[r][: lengths[r]],
+            finish_reason="stop" if stopped[r] else "length",
         )
         for r, p in enumerate(rows)
     ]
