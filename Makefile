@@ -7,7 +7,7 @@ SYSTEM_PACKAGES := bubblewrap libseccomp2
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow test-all bench check-sandbox clean
+.PHONY: setup demo test test-slow test-all bench bench-trl check-sandbox clean
 
 setup: $(VENV)/.installed
 
@@ -41,9 +41,26 @@ bench: setup
 	$(PY) benchmarks/quickstart_stages.py --json runs/bench/quickstart_stages.json
 	$(PY) benchmarks/sandbox_bench.py --json runs/bench/sandbox_bench.json
 	$(PY) benchmarks/sandbox_snapshot.py --json runs/bench/sandbox_snapshot.json
+	$(PY) benchmarks/async_vs_sync.py --json runs/bench/async_vs_sync.json
+
+# GRPO step vs TRL's GRPOTrainer. TRL lives in its own venv (.venv-trl), never in rlvr's dependencies.
+TRL_VENV   ?= .venv-trl
+TRL_SPEC   ?= trl==1.16.0
+
+$(TRL_VENV)/.installed: pyproject.toml Makefile
+	test -x $(TRL_VENV)/bin/python || python3 -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TRL_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(TRL_VENV)/bin/python -m pip install -q "$(TRL_SPEC)"
+	$(TRL_VENV)/bin/python -m pip install -q -e .
+	touch $@
+
+bench-trl: $(TRL_VENV)/.installed
+	$(TRL_VENV)/bin/python benchmarks/grpo_step_vs_trl.py --size small --json runs/bench/grpo_step_vs_trl_small.json
+	$(TRL_VENV)/bin/python benchmarks/grpo_step_vs_trl.py --size medium --json runs/bench/grpo_step_vs_trl_medium.json
 
 check-sandbox: setup
 	$(VENV)/bin/rlvr sandbox check
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(TRL_VENV) runs .pytest_cache

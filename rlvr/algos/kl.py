@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
 from torch import Tensor
 
 from rlvr.registry import Registry
@@ -44,3 +45,20 @@ def k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """
     log_r = ref_logprobs - logprobs
     return log_r.exp() - log_r - 1
+
+
+def logprob_mismatch_kl(trainer_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor) -> float:
+    """``rollout/logprob_mismatch_kl``: how far the rollout engine's sampling log-probs are from the
+    trainer's log-probs of the same tokens at the same weights (float error, kernels, precision;
+    a large value means the IS ratio pi_trainer / pi_engine is not ~1 even on-policy).
+
+    k3 estimate of KL(pi_engine || pi_trainer) over the engine's samples (tokens drawn from the
+    engine): mean over ``mask == 1`` of exp(d) - d - 1 with d = trainer - behaviour; >= 0, and
+    0 exactly when the two agree. 0.0 when the mask is empty.
+
+    trainer_logprobs [B,T], behaviour_logprobs [B,T], mask [B,T] -> float.
+    """
+    m = mask.to(trainer_logprobs.dtype)
+    kl = k3(behaviour_logprobs.detach().to(trainer_logprobs.dtype), trainer_logprobs.detach())
+    kl = torch.where(m > 0, kl, torch.zeros_like(kl))  # off-mask values may be anything (inf, stale)
+    return float(kl.sum() / m.sum().clamp(min=1))

@@ -40,4 +40,5 @@ def select(batch: Batch, rows: torch.Tensor) -> Batch:
         input_ids=cut(batch.input_ids), attention_mask=cut(batch.attention_mask),
         loss_mask=cut(batch.loss_mask), old_logprobs=cut(batch.old_logprobs),
         advantages=batch.advantages[rows], ref_logprobs=cut(batch.ref_logprobs),
+        is_weights=cut(batch.is_weights), stale=None if batch.stale is None else batch.stale[rows],
     )

@@ -9,10 +9,16 @@ One step:  tasks = pool.next()            which tasks (curriculum)
            log, eval, checkpoint           metrics.jsonl + TensorBoard; atomic, resumable
 Algorithm variants live in registries (``rlvr.algos``); this file never branches on their names.
 In-process and single-device by design; distribution sits behind the worker interface.
+
+Asynchronous mode (``asynchronous.enabled``, docs/async.md): rollout and verification run in
+background threads on an engine copy of the model (``rlvr.rollout.async_rollout``); the loop takes
+verified batches at most ``max_staleness`` versions old, corrects stale samples with truncated IS
+weights (``off_policy_correction``) and pushes its weights after each update (canary-checked).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -24,8 +30,9 @@ import torch
 from rich.progress import Progress
 
 from rlvr.algos.advantages import ADVANTAGES, group_has_variance
-from rlvr.algos.kl import KL_ESTIMATORS
+from rlvr.algos.kl import KL_ESTIMATORS, logprob_mismatch_kl
 from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES
+from rlvr.algos.penalties import truncated_is_weights
 from rlvr.config import check_choice, check_range
 from rlvr.curriculum.pool import TaskPool
 from rlvr.eval.evaluate import EvalConfig, evaluate
@@ -39,12 +46,14 @@ from rlvr.model.load import load_model_and_tokenizer
 from rlvr.monitor.metrics import MetricsLogger
 from rlvr.rewards import RewardConfig, score_all
 from rlvr.envs.base import EnvConfig, is_multi_turn
+from rlvr.rollout.async_rollout import AsyncConfig, AsyncRollout, RolloutBatch
 from rlvr.rollout.engine import SamplingParams, sequence_logprobs
 from rlvr.rollout.episodes import EnvPool, Episode, judge, run_tasks
 from rlvr.sandbox.config import SandboxConfig, shared_sandbox
 from rlvr.tasks.base import DOMAINS, generate_tasks
 from rlvr.tasks.files import load_task_file
 from rlvr.train.batching import collate, select
+from rlvr.train.packing import packed_logprobs
 from rlvr.train.common import (
     OptimConfig,
     Timer,
@@ -104,6 +113,11 @@ class AlgoConfig:
     """Samples per optimizer step (0 = the whole rollout batch: one step per epoch)."""
     microbatch_size: int = 64
     """Samples per forward/backward; gradients accumulate up to the mini-batch."""
+    packing: bool = True
+    """Padding-free training forward (``rlvr.train.packing``): sequences packed end to end with a
+    block-diagonal causal mask when that saves >= 10% of the token slots (else the padded rows with
+    a causal-only mask), and the LM head on policy tokens only. Same loss and gradients as the
+    plain padded forward; false for a model whose attention takes no 4D mask (FlashAttention-2)."""
 
     def __post_init__(self) -> None:
         check_choice("algo.advantage", self.advantage, ADVANTAGES.names())
@@ -153,6 +167,8 @@ class GRPOConfig:
     """Checkpoints kept on disk."""
     save_trajectories_every: int = 10
     """Write the first groups of a step to trajectories/step_N.jsonl every this many steps."""
+    asynchronous: AsyncConfig = field(default_factory=AsyncConfig)
+    """Asynchronous mode: generation, verification and updates overlap (docs/async.md)."""
 
     def __post_init__(self) -> None:
         check_range("steps", self.steps, 1)
@@ -164,31 +180,46 @@ class GRPOConfig:
 
 def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) -> dict:
     run = setup(cfg, resume)
-    with Progress(disable=not progress, transient=True) as bar:
-        job = bar.add_task("grpo", total=cfg.steps, completed=run.step)
-        for step in range(run.step + 1, cfg.steps + 1):
-            timer = Timer()
-            with timer("curriculum"):
-                tasks = run.pool.next(cfg.rollout.tasks_per_step)
-            with timer("rollout"):
-                episodes = rollout(run, tasks, policy_version=step - 1)
-            with timer("verify"):
-                scored = verify_and_reward(tasks, episodes, cfg)
-            with timer("advantage"):
-                kept, advantages = compute_advantages(scored, cfg)
-            with timer("update"):
-                train_metrics = update(run, kept, advantages, cfg)
-            metrics = {**rollout_metrics(tasks, scored, kept), **train_metrics}
-            if cfg.eval_every and step % cfg.eval_every == 0:
-                with timer("eval"):
-                    metrics.update(periodic_eval(run, cfg))
-            run.step = step
-            run.logger.log(step, {**metrics, **timer.pop()})
-            if step % cfg.save_trajectories_every == 0:
-                save_trajectories(run.dir, step, scored)
-            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-                checkpoint(run, cfg)
-            bar.update(job, advance=1, description=f"grpo reward {metrics['rollout/reward_mean']:.2f}")
+    producer = start_async_rollout(run, cfg) if cfg.asynchronous.enabled else None
+    try:
+        with Progress(disable=not progress, transient=True) as bar:
+            job = bar.add_task("grpo", total=cfg.steps, completed=run.step)
+            for step in range(run.step + 1, cfg.steps + 1):
+                timer = Timer()
+                if producer is None:  # synchronous: one phase after the other
+                    with timer("curriculum"):
+                        tasks = run.pool.next(cfg.rollout.tasks_per_step)
+                    with timer("rollout"):
+                        episodes = rollout(run, tasks, policy_version=step - 1)
+                    with timer("verify"):
+                        scored = verify_and_reward(tasks, episodes, cfg)
+                else:  # asynchronous: generated and verified in the background, at most k versions old
+                    with timer("wait"):
+                        got = producer.next(trainer_version=step - 1)
+                    tasks, scored = got.tasks, got.scored
+                with timer("advantage"):
+                    kept, advantages = compute_advantages(scored, cfg)
+                with timer("update"):
+                    train_metrics = update(run, kept, advantages, cfg)
+                if producer is not None:
+                    with timer("weight_sync"):
+                        producer.push(run.model, version=step)
+                    train_metrics.update(async_metrics(producer, got, step - 1))
+                    run.pool_state = got.pool_state
+                metrics = {**rollout_metrics(tasks, scored, kept), **train_metrics}
+                if cfg.eval_every and step % cfg.eval_every == 0:
+                    with timer("eval"):
+                        metrics.update(periodic_eval(run, cfg))
+                run.step = step
+                run.logger.log(step, {**metrics, **timer.pop()})
+                if step % cfg.save_trajectories_every == 0:
+                    save_trajectories(run.dir, step, scored)
+                if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+                    checkpoint(run, cfg)
+                bar.update(job, advance=1, description=f"grpo reward {metrics['rollout/reward_mean']:.2f}")
+    finally:
+        if producer is not None:
+            producer.close()
     run.logger.close()
     if run.envs is not None:
         run.envs.close()
@@ -217,6 +248,7 @@ class Run:
     started: float
     sandbox: object | None = None  # the shared rlvr.sandbox.Sandbox when a domain runs model code
     envs: EnvPool | None = None  # environment instances of multi-turn tasks, reused step to step
+    pool_state: dict | None = None  # async: pool state after the newest trained batch's draw
 
 
 def setup(cfg: GRPOConfig, resume: bool) -> Run:
@@ -260,6 +292,38 @@ def rollout(run: Run, tasks: list[Task], policy_version: int) -> list[Episode]:
                      policy_version=policy_version, batch_size=r.batch_size)
 
 
+def start_async_rollout(run: Run, cfg: GRPOConfig) -> AsyncRollout:
+    """The background producer (engine copy of the model) and verifier for asynchronous mode."""
+    r = cfg.rollout
+    params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                            n=r.samples_per_task, stop_token_ids=[run.tokenizer.eos_token_id])
+
+    tokenizer = copy.deepcopy(run.tokenizer)  # its own: a fast tokenizer is not safe to share across threads
+
+    def generate(engine, tasks, version, envs, generator):
+        return run_tasks(engine, tokenizer, tasks, params, envs, generator=generator,
+                         policy_version=version, batch_size=r.batch_size)
+
+    return AsyncRollout(
+        run.model, cfg.asynchronous, pool=run.pool, tasks_per_step=r.tasks_per_step, start=run.step,
+        total=cfg.steps, generate=generate, verify=lambda tasks, episodes: verify_and_reward(tasks, episodes, cfg),
+        pad_token_id=run.tokenizer.pad_token_id, seed=cfg.seed,
+        make_env_pool=(lambda: EnvPool(cfg.env, run.sandbox)) if run.envs is not None else None,
+    ).start()
+
+
+def async_metrics(producer: AsyncRollout, got: RolloutBatch, trainer_version: int) -> dict:
+    return {
+        "async/staleness": float(trainer_version - got.version),
+        "async/policy_version": float(got.version),
+        "async/dropped_stale": float(producer.dropped),
+        "async/weight_loads": float(producer.sync.loads),
+        # the engine's own parity check (same weights), replacing update()'s first-forward estimate
+        "rollout/logprob_mismatch_kl": got.mismatch_kl,
+        **got.timings,
+    }
+
+
 def verify_and_reward(tasks: list[Task], episodes: list[Episode], cfg: GRPOConfig) -> list[Scored]:
     trajectories = [ep.trajectory for ep in episodes]
     matched = [tasks[traj.group_id] for traj in trajectories]
@@ -285,7 +349,10 @@ def update(run: Run, kept: list[Scored], advantages: list[float], cfg: GRPOConfi
     budget = max(int(s.trajectory.info.get("max_tokens", cfg.rollout.max_new_tokens)) for s in kept)
     if run.ref_model is not None:
         with torch.no_grad():
-            batch.ref_logprobs = sequence_logprobs(run.ref_model, batch.input_ids, batch.attention_mask)
+            batch.ref_logprobs = (packed_logprobs(run.ref_model, batch.input_ids, batch.attention_mask, batch.loss_mask)
+                                  if a.packing else sequence_logprobs(run.ref_model, batch.input_ids, batch.attention_mask))
+    off_policy = off_policy_correction(run, batch, kept, cfg) if cfg.asynchronous.enabled else {}
+    mismatch: list[float] = []  # rollout/logprob_mismatch_kl, from forwards before the first optimizer step
     run.model.train()
     n = batch.input_ids.shape[0]
     mb = a.minibatch_size or n
@@ -297,9 +364,13 @@ def update(run: Run, kept: list[Scored], advantages: list[float], cfg: GRPOConfi
             totals = {"num_tokens": float(mini.loss_mask.sum()), "num_seqs": float(mini.input_ids.shape[0]),
                       "max_tokens": budget}
             for ustart in range(0, mini.input_ids.shape[0], a.microbatch_size):
-                micro = select(mini, torch.arange(ustart, min(ustart + a.microbatch_size, mini.input_ids.shape[0])))
-                loss, metrics = micro_loss(run.model, micro, a, totals)
+                micro = mini if mini.input_ids.shape[0] <= a.microbatch_size else \
+                    select(mini, torch.arange(ustart, min(ustart + a.microbatch_size, mini.input_ids.shape[0])))
+                loss, metrics = micro_loss(run.model, micro, a, totals, is_cap=cfg.asynchronous.is_cap)
                 loss.backward()
+                if "train/grad_norm" not in sums:  # no optimizer step yet: trainer == engine weights
+                    mismatch.append(metrics.pop("logprob_mismatch_kl"))
+                metrics.pop("logprob_mismatch_kl", None)
                 for k, v in metrics.items():
                     sums[f"train/{k}"].append(v)
             sums["train/grad_norm"].append(clip_and_step(run.model, run.optimizer, run.scheduler, cfg.optim.grad_clip))
@@ -307,15 +378,80 @@ def update(run: Run, kept: list[Scored], advantages: list[float], cfg: GRPOConfi
     out["train/lr"] = run.scheduler.get_last_lr()[0]
     out["train/samples"] = float(n)
     out["train/policy_tokens"] = float(batch.loss_mask.sum())
+    out["rollout/logprob_mismatch_kl"] = sum(mismatch) / len(mismatch)
+    out.update(off_policy)
     return out
 
 
-def micro_loss(model, micro: Batch, a: AlgoConfig, totals: dict) -> tuple[torch.Tensor, dict]:
-    logprobs = sequence_logprobs(model, micro.input_ids, micro.attention_mask)
+def off_policy_correction(run: Run, batch: Batch, kept: list[Scored], cfg: GRPOConfig) -> dict:
+    """Async mode: samples generated by an older policy version get pi_old = the trainer's
+    log-probs at the start of this update and per-token truncated IS weights
+    min(pi_old / pi_behaviour, C) (``truncated_is_weights``; behaviour = the engine's sampling
+    log-probs). On-policy rows keep pi_old = behaviour and weight 1. Rows of ``batch`` are ``kept``
+    in order.
+
+    Single-pass update (one epoch, one mini-batch: the default): the loss's own forward runs at
+    exactly those weights, so it supplies pi_old (``off_policy_terms``): no extra forward, only
+    ``batch.stale`` is set. Otherwise one no-grad forward over the stale rows, before any step."""
+    stale = torch.tensor([s.trajectory.policy_version < run.step for s in kept])
+    out = {"async/stale_frac": float(stale.float().mean())}
+    if not stale.any():
+        return out
+    n = batch.input_ids.shape[0]
+    if cfg.algo.ppo_epochs == 1 and (cfg.algo.minibatch_size == 0 or cfg.algo.minibatch_size >= n):
+        batch.stale = stale
+        return out
+    rows = stale.nonzero().flatten()
+    was_training = run.model.training
+    run.model.eval()
+    with torch.no_grad():
+        pi_old = torch.cat([sequence_logprobs(run.model, batch.input_ids[r], batch.attention_mask[r])
+                            for r in rows.split(cfg.algo.microbatch_size)])
+    run.model.train(was_training)
+    mask = batch.loss_mask[rows] > 0
+    behaviour = batch.old_logprobs[rows]
+    weights = torch.where(mask, truncated_is_weights(pi_old, behaviour, cfg.asynchronous.is_cap), 1.0)
+    batch.is_weights = torch.ones_like(batch.old_logprobs)
+    batch.is_weights[rows] = weights
+    batch.old_logprobs = batch.old_logprobs.clone()
+    batch.old_logprobs[rows] = torch.where(mask, pi_old, behaviour)
+    out.update({f"train/{k}": v for k, v in _off_policy_metrics(weights, pi_old, behaviour, mask,
+                                                                 cfg.asynchronous.is_cap).items()})
+    return out
+
+
+def off_policy_terms(logprobs: torch.Tensor, micro: Batch, is_cap: float) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+    """(pi_old, IS weights or None, metrics) for the loss. Rows marked ``micro.stale`` (async,
+    single-pass update) take pi_old = this forward's log-probs (the trainer's weights before its
+    step) and weights min(pi_old / pi_behaviour, C); other rows keep the batch's values."""
+    if micro.stale is None or not bool(micro.stale.any()):
+        return micro.old_logprobs, micro.is_weights, {}
+    pi_old = logprobs.detach()
+    stale = micro.stale[:, None] & (micro.loss_mask > 0)
+    weights = torch.where(stale, truncated_is_weights(pi_old, micro.old_logprobs, is_cap), 1.0)
+    return (torch.where(stale, pi_old, micro.old_logprobs), weights,
+            _off_policy_metrics(weights[stale], pi_old[stale], micro.old_logprobs[stale], None, is_cap))
+
+
+def _off_policy_metrics(weights, pi_old, behaviour, mask, is_cap: float) -> dict:
+    if mask is not None:
+        weights, pi_old, behaviour = weights[mask], pi_old[mask], behaviour[mask]
+    n = max(weights.numel(), 1)
+    return {"is_weight_mean": float(weights.sum() / n), "is_weight_capped_frac": float((weights >= is_cap).sum() / n),
+            "behaviour_kl": logprob_mismatch_kl(pi_old, behaviour, torch.ones_like(pi_old))}
+
+
+def micro_loss(model, micro: Batch, a: AlgoConfig, totals: dict, is_cap: float = 2.0) -> tuple[torch.Tensor, dict]:
+    # Packed: log-probs on policy tokens only (0 elsewhere; the loss and KL see only those).
+    logprobs = (packed_logprobs(model, micro.input_ids, micro.attention_mask, micro.loss_mask) if a.packing
+                else sequence_logprobs(model, micro.input_ids, micro.attention_mask))
+    old_logprobs, is_weights, off_metrics = off_policy_terms(logprobs, micro, is_cap)  # async only
+    off_policy = {"is_weights": is_weights} if is_weights is not None else {}  # async only
     loss, metrics = POLICY_LOSSES.get(a.policy_loss)(
-        logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask,
-        clip_low=a.clip_low, clip_high=a.clip_high, aggregation=a.aggregation, **totals)
-    metrics = dict(metrics)
+        logprobs, old_logprobs, micro.advantages, micro.loss_mask,
+        clip_low=a.clip_low, clip_high=a.clip_high, aggregation=a.aggregation, **totals, **off_policy)
+    metrics = dict(metrics, **off_metrics)
+    metrics["logprob_mismatch_kl"] = logprob_mismatch_kl(logprobs, micro.old_logprobs, micro.loss_mask)
     metrics["pg_loss"] = float(loss.detach())
     if micro.ref_logprobs is not None:
         kl = KL_ESTIMATORS.get(a.kl_estimator)(logprobs, micro.ref_logprobs)
@@ -374,6 +510,7 @@ def save_trajectories(run_dir: Path, step: int, scored: list[Scored], limit: int
 
 
 def checkpoint(run: Run, cfg: GRPOConfig) -> None:
-    state = training_state(run.step, run.optimizer, run.scheduler, run.generator, pool=run.pool.state_dict())
+    pool = run.pool_state if run.pool_state is not None else run.pool.state_dict()  # async: not the producer's
+    state = training_state(run.step, run.optimizer, run.scheduler, run.generator, pool=pool)
     save_checkpoint(run.dir, run.step, run.model, run.tokenizer, state)
     prune_checkpoints(run.dir, keep=cfg.keep_checkpoints)

@@ -1,0 +1,164 @@
+"""Packed training forward == plain right-padded forward: log-probs, loss and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rlvr.algos.losses import POLICY_LOSSES
+from rlvr.rollout.engine import sequence_logprobs
+from rlvr.train.batching import collate
+from rlvr.train.packing import first_fit_decreasing, pack, packed_logprobs, padding_stats
+from rlvr.types import Trajectory
+
+LENGTHS = [(5, 9), (3, 1), (7, 12), (1, 1), (4, 6), (6, 3), (2, 11), (8, 2)]  # (prompt, completion)
+
+
+def _model(seed: int = 0, gqa: bool = True) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2 if gqa else 4, max_position_embeddings=64,
+                      initializer_range=0.3, tie_word_embeddings=True, pad_token_id=0, bos_token_id=1,
+                      eos_token_id=2, attn_implementation="sdpa")
+    return LlamaForCausalLM(cfg).float()
+
+
+def _trajectories(seed: int = 0) -> list[Trajectory]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i, (p, c) in enumerate(LENGTHS):
+        ids = torch.randint(3, 61, (p + c,), generator=g).tolist()
+        old = (torch.randn(c, generator=g) * 0.3 - 3.0).tolist()
+        out.append(Trajectory(task_id=f"t{i}", group_id=i // 4, messages=(), completion="", token_ids=tuple(ids),
+                              loss_mask=(0,) * p + (1,) * c, logprobs=(0.0,) * p + tuple(old),
+                              finish_reason="length"))
+    return out
+
+
+@pytest.fixture()
+def batch():
+    advantages = [1.0, -0.5, 0.25, -1.0, 0.75, -0.25, 0.5, -0.75]
+    return collate(_trajectories(), advantages, pad_token_id=0)
+
+
+def test_first_fit_decreasing_fills_rows_within_width():
+    lengths = [7, 3, 5, 2, 2, 6, 1]
+    bins = first_fit_decreasing(lengths, 8)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in b) <= 8 for b in bins)
+    assert len(bins) == 4  # 26 tokens need at least 4 rows of 8
+
+
+def test_pack_places_every_token_once_with_restarting_positions(batch):
+    packed = pack(batch.input_ids, batch.attention_mask, width=24)
+    real = batch.attention_mask.bool()
+    slots = packed.slot[real]
+    assert slots.unique().numel() == slots.numel() == int(real.sum())
+    assert (packed.slot[~real] == -1).all()
+    flat_ids, flat_pos = packed.input_ids.reshape(-1), packed.position_ids.reshape(-1)
+    assert torch.equal(flat_ids[slots], batch.input_ids[real])
+    b, t = real.nonzero(as_tuple=True)
+    assert torch.equal(flat_pos[packed.slot[b, t]], t)
+    assert packed.input_ids.shape[0] < batch.input_ids.shape[0]  # fewer rows than sequences
+    stats = padding_stats(batch.attention_mask, width=24)
+    assert stats["real_tokens"] <= stats["packed_slots"] < stats["padded_slots"]
+
+
+def test_mask_is_block_diagonal_causal(batch):
+    packed = pack(batch.input_ids, batch.attention_mask, width=24)
+    mask = packed.attention_mask(torch.float32)[:, 0]
+    seg = packed.segment
+    W = seg.shape[1]
+    allowed = mask == 0
+    for r in range(seg.shape[0]):
+        for q in range(W):
+            for k in range(W):
+                assert bool(allowed[r, q, k]) == (k <= q and bool(seg[r, q] == seg[r, k]))
+
+
+@pytest.mark.parametrize("packing,width", [(True, None), (True, 24), (True, 64), (False, None), (None, None)])
+@pytest.mark.parametrize("gqa", [True, False])
+def test_packed_logprobs_match_the_padded_forward(batch, packing, width, gqa):
+    model = _model(gqa=gqa)
+    with torch.no_grad():
+        plain = sequence_logprobs(model, batch.input_ids, batch.attention_mask)
+        everywhere = packed_logprobs(model, batch.input_ids, batch.attention_mask, width=width, packing=packing)
+        on_mask = packed_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, width=width,
+                                  packing=packing)
+    assert plain.abs().max() > 1.0  # a model with sharp logits, so the comparison means something
+    torch.testing.assert_close(everywhere, plain, atol=1e-5, rtol=0)
+    m = batch.loss_mask.bool()
+    torch.testing.assert_close(on_mask[m], plain[m], atol=1e-5, rtol=0)
+    assert (on_mask[~m] == 0).all()
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_fallback_without_a_plain_head_gives_the_same_logprobs(batch, monkeypatch, packing):
+    import rlvr.train.packing as packing_module
+
+    model = _model()
+    with torch.no_grad():
+        fast = packed_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, packing=packing)
+        monkeypatch.setattr(packing_module, "_PLAIN_HEAD", set())
+        full = packed_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, packing=packing)
+    torch.testing.assert_close(fast, full, atol=1e-6, rtol=0)
+
+
+def test_auto_packs_only_when_it_saves_enough_slots(batch, monkeypatch):
+    import rlvr.train.packing as packing_module
+
+    calls = []
+    real_pack, real_rows = packing_module.pack, packing_module.causal_rows
+    monkeypatch.setattr(packing_module, "pack", lambda *a, **k: calls.append("pack") or real_pack(*a, **k))
+    monkeypatch.setattr(packing_module, "causal_rows", lambda *a, **k: calls.append("rows") or real_rows(*a, **k))
+    model = _model()
+    with torch.no_grad():
+        packed_logprobs(model, batch.input_ids, batch.attention_mask)  # lengths 2..19: packing saves a lot
+        same = torch.ones_like(batch.attention_mask)
+        packed_logprobs(model, batch.input_ids, same)  # all the same length: nothing to save
+    assert calls == ["pack", "rows"]
+
+
+def _loss_and_grads(model, batch, packed: bool | None, aggregation: str):
+    model.zero_grad(set_to_none=True)
+    if packed is not None:
+        lp = packed_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, packing=packed)
+    else:
+        lp = sequence_logprobs(model, batch.input_ids, batch.attention_mask)
+    loss, metrics = POLICY_LOSSES.get("ppo_clip")(lp, batch.old_logprobs, batch.advantages, batch.loss_mask,
+                                                  aggregation=aggregation, max_tokens=12)
+    loss.backward()
+    return loss.detach(), metrics, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_loss_and_gradients_match_the_padded_forward(batch, aggregation):
+    model = _model()
+    loss_a, met_a, grads_a = _loss_and_grads(model, batch, None, aggregation)  # sequence_logprobs
+    for mode in (True, False):
+        loss_b, met_b, grads_b = _loss_and_grads(model, batch, mode, aggregation)
+        torch.testing.assert_close(loss_b, loss_a, atol=1e-6, rtol=1e-5)
+        for k in met_a:
+            assert met_b[k] == pytest.approx(met_a[k], abs=1e-5), k
+        for name, g in grads_a.items():
+            assert g.abs().sum() > 0, name
+            torch.testing.assert_close(grads_b[name], g, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_micro_loss_is_the_same_with_and_without_packing(batch):
+    from rlvr.train.grpo import AlgoConfig, micro_loss
+
+    model = _model()
+    totals = {"num_tokens": float(batch.loss_mask.sum()), "num_seqs": 8.0, "max_tokens": 12}
+    batch.ref_logprobs = sequence_logprobs(_model(seed=1), batch.input_ids, batch.attention_mask).detach()
+    out = {}
+    for packing in (False, True):
+        model.zero_grad(set_to_none=True)
+        loss, metrics = micro_loss(model, batch, AlgoConfig(packing=packing, kl_coef=0.1), totals)
+        loss.backward()
+        out[packing] = loss.detach(), metrics, [p.grad.clone() for p in model.parameters()]
+    torch.testing.assert_close(out[True][0], out[False][0], atol=1e-6, rtol=1e-5)
+    assert out[True][1]["kl"] == pytest.approx(out[False][1]["kl"], abs=1e-5)
+    for a, b in zip(out[True][2], out[False][2]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
