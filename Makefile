@@ -41,6 +41,7 @@ bench: setup
 	$(PY) benchmarks/quickstart_stages.py --json runs/bench/quickstart_stages.json
 	$(PY) benchmarks/sandbox_bench.py --json runs/bench/sandbox_bench.json
 	$(PY) benchmarks/sandbox_snapshot.py --json runs/bench/sandbox_snapshot.json
+	$(PY) benchmarks/rollout_throughput.py --json runs/bench/rollout_throughput.json
 	$(PY) benchmarks/async_vs_sync.py --json runs/bench/async_vs_sync.json
 
 # GRPO step vs TRL's GRPOTrainer. TRL lives in its own venv (.venv-trl), never in rlvr's dependencies.
