@@ -15,6 +15,7 @@ from rlvr.model.tiny import TinyModelConfig, build_tiny_model
 from rlvr.model.tokenizer import train_tokenizer
 from rlvr.rollout import decoder
 from rlvr.rollout.engine import SamplingParams, generate, sequence_logprobs, top_p_filter
+from rlvr.train.batching import pad_right
 
 CFG = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
 PAD = 2
@@ -39,6 +40,11 @@ def model(tok):
 def prompts():
     g = torch.Generator().manual_seed(0)
     return [torch.randint(10, 290, (n,), generator=g).tolist() for n in (3, 9, 1, 6)]  # different lengths
+
+
+def _right_padded(seqs):
+    """Right-padded ids and attention mask, as the trainer builds them."""
+    return pad_right(seqs, PAD, torch.long), pad_right([[1] * len(x) for x in seqs], 0, torch.long)
 
 
 def reference_greedy(model, prompt, max_new, stop_ids):
@@ -97,11 +103,7 @@ def test_logprobs_are_plain_policy_logprobs(model, prompts, backend):
     got = generate(model, prompts, params, generator=torch.Generator().manual_seed(1), pad_token_id=PAD,
                    backend=backend)
     seqs = [prompts[c.prompt_index] + c.token_ids for c in got]
-    width = max(map(len, seqs))
-    ids = torch.full((len(seqs), width), PAD)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for r, s in enumerate(seqs):
-        ids[r, : len(s)], mask[r, : len(s)] = torch.tensor(s), 1
+    ids, mask = _right_padded(seqs)
     with torch.no_grad():
         lp = sequence_logprobs(model, ids, mask)
     for r, c in enumerate(got):
@@ -355,11 +357,7 @@ def test_cuda_bf16_logprobs_match_sequence_logprobs(model, prompts, graphs):
                    backend="fast", cuda_graphs=graphs)
     assert all(len(c.token_ids) == 12 for c in got)
     seqs = [prompts[c.prompt_index] + c.token_ids for c in got]
-    width = max(map(len, seqs))
-    ids = torch.full((len(seqs), width), PAD)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for r, s in enumerate(seqs):
-        ids[r, : len(s)], mask[r, : len(s)] = torch.tensor(s), 1
+    ids, mask = _right_padded(seqs)
     with torch.no_grad():
         lp = sequence_logprobs(m, ids.cuda(), mask.cuda()).cpu()
     diffs = []
