@@ -70,8 +70,8 @@ def test_tasks_shape_determinism_and_splits():
                 assert set(p["protected"]) <= set(p["files"]) and p["tests"] == p["protected"]
                 assert all(len(text) <= 250 for text in p["files"].values()), p["files"]
                 assert len(t.prompt) == 1 and len(t.prompt[0]["content"]) <= 160
-                assert 3 <= len(t.meta["actions"]) <= 5 and t.meta["actions"][-1] == SUBMIT
-                assert len(t.meta["reference"]) <= 1000
+                assert 4 <= len(t.meta["actions"]) <= 6 and t.meta["actions"][-1] == SUBMIT
+                assert len(t.meta["reference"]) <= 1200  # about 410 tokens: the episode fits its budgets
                 assert len(plaindata.decode(p["hidden"])) == len(plaindata.decode(p["expected"]))
     assert task(1, 0, seed=0).meta["key"] != task(1, 0, seed=1).meta["key"]
     train = generate_tasks("code.repair", "train", 60, seed=0)
@@ -116,10 +116,28 @@ def test_run_tests_reports_the_failing_test_then_passes(env):
     first = env.step(RUN).observation[0]["content"]
     assert "FAILED" in first and first.endswith("1 failed, 1 passed")
     for action in t.meta["actions"][:-1]:
-        env.step(action)
+        if action != RUN:
+            env.step(action)
     assert env.step(RUN).observation[0]["content"] == "2 passed"
     assert not env.step(SUBMIT).observation
     assert env.verify().passed
+
+
+def test_recovering_expert_patches_wrong_then_right_and_no_op_patches_are_refused(env):
+    recovering = [t for t in (task(level, i) for level in (1, 2, 3, 4) for i in range(8))
+                  if len([a for a in t.meta["actions"] if '"replace"' in a]) == 2]
+    assert {t.level for t in recovering} == {1, 2, 3, 4}  # about half of the problems
+    for t in {t.level: t for t in recovering}.values():
+        messages, verdict = play(env, t, t.meta["actions"])
+        after_first_patch = [m["content"] for m in messages if m["role"] == "tool"][-2]
+        assert "FAILED" in after_first_patch and verdict.passed, t.id
+    t = task(1)
+    env.reset(t)
+    line = t.spec.payload["files"]["ops.py"].splitlines()[1].strip()
+    noop = format_call("replace", {"path": "ops.py", "old": line, "new": line})
+    step = env.step(noop)
+    assert step.observation[0]["content"].startswith("error: old and new are the same")
+    assert not step.done
 
 
 def test_editing_a_test_file_is_tampering(env):

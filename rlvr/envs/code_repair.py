@@ -3,7 +3,8 @@
     list_files()                  the project's files
     read_file(path)               a file's text
     write_file(path, content)     replace (or create) a file
-    replace(path, old, new)       patch: ``old`` must occur exactly once in the file
+    replace(path, old, new)       patch: ``old`` must occur exactly once in the file, and
+                                  differ from ``new`` (a no-op patch is an error observation)
     run_tests()                   run the visible tests in the sandbox; a short summary
     submit()                      end the episode
 
@@ -156,6 +157,8 @@ class CodeRepairEnv(ToolEnv):
     def _replace(self, path: str, old: str, new: str) -> str:
         if path in self._protected:
             return self._put(path, "")  # refused and recorded
+        if old == new:
+            raise ToolCallError("error: old and new are the same; nothing changed")
         try:
             text = replace_once(self._file(path), old, new)
         except ValueError as e:

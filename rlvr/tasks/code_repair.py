@@ -19,8 +19,12 @@ the bug; not names or inputs) so a problem lands in one split whatever asked for
 problem must not reveal an eval ``code.debug`` fix or ``code.gen`` solution, so those keys are
 listed in ``reveals``.
 
-``meta["actions"]`` is a scripted expert (read, patch, submit; ``run_tests`` where the level
-needs it), ``meta["reference"]`` the transcript of that episode as plain text (pretraining);
+``meta["actions"]`` is a scripted expert that acts, observes and corrects: it reads what the
+level needs, patches, runs the tests and submits once they pass. In about half of the problems
+(``RECOVER_FRAC``) its first patch is a plausible wrong one (another one-token change of the
+buggy line), the tests say so, and it patches again: the transcripts show the loop a repair
+episode exists for, not only a fix that is right the first time. ``meta["reference"]`` is the
+transcript of that episode as plain text (pretraining);
 the observations in it are simulated here by the same rules the environment follows, which
 the tests check against real episodes.
 """
@@ -52,6 +56,7 @@ HIDDEN_BUGGY, HIDDEN_OTHER = 6, 3  # hidden inputs for the buggy function / ever
 FUNC_LEVELS = {1: (1, 2), 2: (1, 2, 3), 3: (1, 2, 3), 4: (2, 3, 4)}
 OK = "ok"  # what a successful edit answers
 MAX_FILE = 250  # characters per file (module or tests); longer drafts are drawn again
+RECOVER_FRAC = 0.5  # problems whose expert tries a wrong patch first, runs the tests, corrects
 
 
 # ---------------------------------------------------------------- rules shared with the env
@@ -193,6 +198,7 @@ class Draft:
     tested: list[int]  # indices of the functions the visible test file tests
     shown: dict[int, tuple]  # index -> the visible input of its test
     caught: tuple  # a second input where the buggy function fails (hidden)
+    wrap: tuple[str, int] | None = None  # L3: the main function's (operator, constant)
 
 
 def module_source(draft: Draft, module: str) -> str:
@@ -232,7 +238,7 @@ class CodeRepairDomain(Domain):
                 return None
             fns = [Fn("util", helper, buggy),
                    Fn("app", _wrapper(helper, main_name, op, k), _wrapper(buggy, main_name, op, k))]
-            bug, tested, failing_fn = 0, [1], 1
+            bug, tested, failing_fn, wrap = 0, [1], 1, (op, k)
         else:
             k = {1: 1, 2: 2, 4: rng.choice((2, 3))}[level]
             funcs = _funcs(level, rng, k)
@@ -241,7 +247,7 @@ class CodeRepairDomain(Domain):
             if buggy is None:
                 return None
             fns = [Fn("ops", f, buggy if i == bug else f) for i, f in enumerate(funcs)]
-            tested, failing_fn = list(range(k)), bug
+            tested, failing_fn, wrap = list(range(k)), bug, None
         target = fns[failing_fn]
         failing = [a for a in target.good.inputs(rng, 16)
                    if target.shipped.fn(*a) != target.good.fn(*a)]
@@ -249,7 +255,7 @@ class CodeRepairDomain(Domain):
             return None
         shown = {i: fns[i].good.inputs(rng, 1)[0] for i in tested}
         shown[failing_fn] = failing[0]
-        return Draft(level, fns, bug, tested, shown, failing[1])
+        return Draft(level, fns, bug, tested, shown, failing[1], wrap)
 
     def _fix(self, draft: Draft) -> tuple[str, str, str] | None:
         """(path, old, new): the buggy line, stripped, and its fix; None if not unique."""
@@ -263,6 +269,36 @@ class CodeRepairDomain(Domain):
         if module_source(draft, f.module).count(old) != 1:
             return None
         return f"{f.module}.py", old, new
+
+    @staticmethod
+    def _wrong_patch(draft: Draft, old: str, rng: random.Random) -> tuple[str, list] | None:
+        """A plausible wrong fix: another one-token change of the buggy line that the visible
+        test still catches. (the new line, the ``run_tests`` results after it) or None."""
+        f = draft.fns[draft.bug]
+        module = module_source(draft, f.module)
+        for _ in range(10):
+            guess = mutate(f.shipped, rng)
+            if guess is None or guess.body == f.good.body:
+                continue
+            changed = [(a.lstrip(">"), b.lstrip(">")) for a, b in zip(f.shipped.body, guess.body) if a != b]
+            if len(changed) != 1 or changed[0][0] != old:
+                continue
+            if module.replace(old, changed[0][1], 1).count(changed[0][1]) != 1:
+                continue  # the second patch must find it exactly once
+            results = []
+            for i in draft.tested:
+                t, args = draft.fns[i], draft.shown[i]
+                if draft.wrap is not None:  # L3: the tested main function calls the helper
+                    op, k = draft.wrap
+                    got = OPS[op][1](guess.fn(*args), k)
+                else:
+                    got = guess.fn(*args) if i == draft.bug else t.good.fn(*args)
+                want = t.good.fn(*args)
+                results.append((f"test_{t.good.name}", None if got == want else
+                                f"{t.good.call(args)} returned {got!r}, expected {want!r}"))
+            if any(why is not None for _, why in results):
+                return changed[0][1], results
+        return None
 
     @staticmethod
     def _files(draft: Draft) -> dict[str, str]:
@@ -290,9 +326,11 @@ class CodeRepairDomain(Domain):
                     break
                 hidden += [(f.module, f.good.name, tuple(a), f.good.fn(*a)) for a in inputs]
             else:
-                return self._problem(draft, fix, hidden)
+                wrong = self._wrong_patch(draft, fix[1], rng) if rng.random() < RECOVER_FRAC else None
+                return self._problem(draft, fix, hidden, wrong)
 
-    def _problem(self, draft: Draft, fix: tuple[str, str, str], hidden: list[tuple]) -> Problem:
+    def _problem(self, draft: Draft, fix: tuple[str, str, str], hidden: list[tuple],
+                 wrong: tuple[str, list] | None = None) -> Problem:
         from rlvr.envs.tools import format_call  # here: rlvr.envs imports this module
 
         level = draft.level
@@ -326,17 +364,20 @@ class CodeRepairDomain(Domain):
         path, old, new = fix
         fixed_results = [(name, None) for name, _ in results]
         read = lambda p: (format_call("read_file", {"path": p}), files[p])
-        patch = (format_call("replace", {"path": path, "old": old, "new": new}), OK)
+        patch = lambda a, b: (format_call("replace", {"path": path, "old": a, "new": b}), OK)
+        run = lambda res: (format_call("run_tests"), tests_summary(res))
         submit = (format_call("submit"), None)
         if level == 1:
-            turns = [read(path), patch, submit]
-        elif level == 2:
-            turns = [read(test_path), read(path), patch, submit]
-        elif level == 3:
-            turns = [read("app.py"), read(path), patch, submit]
-        else:
-            turns = [(format_call("run_tests"), tests_summary(results)), read(path), patch,
-                     (format_call("run_tests"), tests_summary(fixed_results)), submit]
+            look = [read(path)]
+        elif level == 4:
+            look = [run(results), read(path)]
+        else:  # the failing test (L2) or the main module calling the helper (L3), then the bug
+            look = [read(test_path if level == 2 else "app.py"), read(path)]
+        if wrong is None:
+            turns = [*look, patch(old, new), run(fixed_results), submit]
+        else:  # act, observe, correct (no second test run: the whole episode fits in 6 turns)
+            guess, guess_results = wrong
+            turns = [*look, patch(old, guess), run(guess_results), patch(guess, new), submit]
         buggy = draft.fns[draft.bug]
         key = (f"R{level}:" + ";".join(f.good.key for i, f in enumerate(draft.fns) if i != draft.bug)
                + "#" + buggy.shipped.key)
