@@ -260,6 +260,16 @@ def test_mismatch_metric_near_zero_in_sync_mode_and_positive_when_perturbed(tiny
     assert off == pytest.approx(float(torch.tensor(0.3).exp() - 0.3 - 1), rel=1e-3)
 
 
+def test_mismatch_metric_is_logged_when_every_group_is_dropped(tiny_model_dir, tmp_path, monkeypatch):
+    import rlvr.train.grpo as grpo
+
+    monkeypatch.setattr(grpo, "compute_advantages", lambda scored, cfg: ([], []))  # nothing to train
+    grpo.run_grpo(_cfg(tiny_model_dir, tmp_path / "none", steps=2), progress=False)
+    rows = read_metrics(tmp_path / "none")
+    assert [m["train/skipped"] for m in rows] == [1.0, 1.0]
+    assert all(0.0 <= m["rollout/logprob_mismatch_kl"] < 1e-6 for m in rows), rows
+
+
 # --------------------------------------------------------------------------- async GRPO end to end
 
 
