@@ -200,18 +200,8 @@ class AsyncRollout:
             self._put(self.ready, RolloutBatch(j, tasks, scored, version, pool_state, mismatch, timings))
 
     def _parity(self, episodes) -> float:
-        """``rollout/logprob_mismatch_kl`` of this batch: the engine's sampling log-probs against a
-        full forward of the same model (the trainer's computation) at the same weights."""
-        trajs = [ep.trajectory for ep in episodes]
-        if 0 < self.cfg.parity_rows < len(trajs):  # a spread-out sample: a forward of a few rows is cheap
-            trajs = trajs[:: len(trajs) // self.cfg.parity_rows][: self.cfg.parity_rows]
-        ids = pad_right([t.token_ids for t in trajs], self.pad_token_id, torch.long)
-        attn = pad_right([[1] * len(t.token_ids) for t in trajs], 0, torch.long)
-        mask = pad_right([t.loss_mask for t in trajs], 0, torch.float32)
-        behaviour = pad_right([t.logprobs for t in trajs], 0.0, torch.float32)
-        with torch.no_grad():
-            trainer = sequence_logprobs(self.engine, ids, attn)
-        return logprob_mismatch_kl(trainer, behaviour, mask)
+        return parity_kl(self.engine, [ep.trajectory for ep in episodes], self.pad_token_id,
+                         self.cfg.parity_rows)
 
     # ------------------------------------------------------------------ queues that notice errors
 
@@ -239,3 +229,21 @@ class AsyncRollout:
 
 class _Stopped(Exception):
     """Raised inside a worker blocked on a full queue when the run closes."""
+
+
+def parity_kl(model, trajectories: list, pad_token_id: int, rows: int) -> float:
+    """``rollout/logprob_mismatch_kl`` of a batch: its sampling log-probs against a full forward of
+    ``model`` (the trainer's computation) over a spread-out sample of ``rows`` trajectories (0 =
+    all): a forward of a few rows is cheap."""
+    trajs = list(trajectories)
+    if not trajs:
+        return 0.0
+    if 0 < rows < len(trajs):
+        trajs = trajs[:: len(trajs) // rows][:rows]
+    ids = pad_right([t.token_ids for t in trajs], pad_token_id, torch.long)
+    attn = pad_right([[1] * len(t.token_ids) for t in trajs], 0, torch.long)
+    mask = pad_right([t.loss_mask for t in trajs], 0, torch.float32)
+    behaviour = pad_right([t.logprobs for t in trajs], 0.0, torch.float32)
+    with torch.no_grad():
+        trainer = sequence_logprobs(model, ids, attn)
+    return logprob_mismatch_kl(trainer, behaviour, mask)

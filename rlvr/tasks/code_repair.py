@@ -126,6 +126,14 @@ def run(module, name, *args):
 '''
 
 
+def visible_result(func: Func, args: tuple, got: Any) -> tuple[str, str | None]:
+    """One visible test of ``func`` at ``args`` as ``RUNNER`` reports it: (name, None if it
+    passed else "<call> returned <got>, expected <want>")."""
+    want = func.fn(*args)
+    return (f"test_{func.name}", None if got == want else
+            f"{func.call(args)} returned {got!r}, expected {want!r}")
+
+
 def runner_program(test_paths: list[str]) -> str:
     return f"PATHS = {list(test_paths)!r}\n" + RUNNER
 
@@ -293,9 +301,7 @@ class CodeRepairDomain(Domain):
                     got = OPS[op][1](guess.fn(*args), k)
                 else:
                     got = guess.fn(*args) if i == draft.bug else t.good.fn(*args)
-                want = t.good.fn(*args)
-                results.append((f"test_{t.good.name}", None if got == want else
-                                f"{t.good.call(args)} returned {got!r}, expected {want!r}"))
+                results.append(visible_result(t.good, args, got))
             if any(why is not None for _, why in results):
                 return changed[0][1], results
         return None
@@ -355,12 +361,8 @@ class CodeRepairDomain(Domain):
             "hidden": plaindata.encode([(m, fn, *args) for m, fn, args, _ in hidden]),
             "expected": plaindata.encode([want for *_, want in hidden]),
         }
-        results = []
-        for i in draft.tested:
-            f, args = draft.fns[i], draft.shown[i]
-            got, want = f.shipped.fn(*args), f.good.fn(*args)
-            results.append((f"test_{f.good.name}", None if got == want else
-                            f"{f.good.call(args)} returned {got!r}, expected {want!r}"))
+        results = [visible_result(draft.fns[i].good, draft.shown[i], draft.fns[i].shipped.fn(*draft.shown[i]))
+                   for i in draft.tested]
         path, old, new = fix
         fixed_results = [(name, None) for name, _ in results]
         read = lambda p: (format_call("read_file", {"path": p}), files[p])

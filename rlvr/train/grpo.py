@@ -46,7 +46,7 @@ from rlvr.model.load import load_model_and_tokenizer
 from rlvr.monitor.metrics import MetricsLogger
 from rlvr.rewards import RewardConfig, score_all
 from rlvr.envs.base import EnvConfig, is_multi_turn
-from rlvr.rollout.async_rollout import AsyncConfig, AsyncRollout, RolloutBatch
+from rlvr.rollout.async_rollout import AsyncConfig, AsyncRollout, RolloutBatch, parity_kl
 from rlvr.rollout.engine import SamplingParams, sequence_logprobs
 from rlvr.rollout.episodes import EnvPool, Episode, judge, run_tasks
 from rlvr.sandbox.config import SandboxConfig, shared_sandbox
@@ -202,7 +202,10 @@ def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) ->
                 with timer("update"):
                     train_metrics = update(run, kept, advantages, cfg)
                 if producer is None and "rollout/logprob_mismatch_kl" not in train_metrics:
-                    train_metrics["rollout/logprob_mismatch_kl"] = parity_kl(run, scored, cfg)
+                    run.model.eval()  # every group was dropped: nothing trained, measure it anyway
+                    train_metrics["rollout/logprob_mismatch_kl"] = parity_kl(
+                        run.model, [s.trajectory for s in scored], run.tokenizer.pad_token_id,
+                        cfg.asynchronous.parity_rows)
                 if producer is not None:
                     with timer("weight_sync"):
                         producer.push(run.model, version=step)
@@ -382,21 +385,6 @@ def update(run: Run, kept: list[Scored], advantages: list[float], cfg: GRPOConfi
     out["rollout/logprob_mismatch_kl"] = sum(mismatch) / len(mismatch)
     out.update(off_policy)
     return out
-
-
-def parity_kl(run: Run, scored: list[Scored], cfg: GRPOConfig) -> float:
-    """``rollout/logprob_mismatch_kl`` on a step that trained nothing (every group dropped): one
-    no-grad forward over a spread-out ``asynchronous.parity_rows`` of the step's samples."""
-    trajs = [s.trajectory for s in scored]
-    rows = cfg.asynchronous.parity_rows or len(trajs)
-    trajs = trajs[:: max(len(trajs) // rows, 1)][:rows]
-    if not trajs:
-        return 0.0
-    batch = collate(trajs, [0.0] * len(trajs), run.tokenizer.pad_token_id)
-    run.model.eval()
-    with torch.no_grad():
-        trainer = logprobs_of(run.model, batch, cfg.algo)
-    return logprob_mismatch_kl(trainer, batch.old_logprobs, batch.loss_mask)
 
 
 def logprobs_of(model, batch: Batch, a: AlgoConfig) -> torch.Tensor:
