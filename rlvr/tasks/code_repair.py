@@ -297,8 +297,7 @@ class CodeRepairDomain(Domain):
             for i in draft.tested:
                 t, args = draft.fns[i], draft.shown[i]
                 if draft.wrap is not None:  # L3: the tested main function calls the helper
-                    op, k = draft.wrap
-                    got = OPS[op][1](guess.fn(*args), k)
+                    got = _wrapper(guess, t.good.name, *draft.wrap).fn(*args)
                 else:
                     got = guess.fn(*args) if i == draft.bug else t.good.fn(*args)
                 results.append(visible_result(t.good, args, got))
