@@ -9,7 +9,7 @@ import pytest
 
 import rlvr.tasks  # noqa: F401  (registers the domains)
 from rlvr.envs.base import EnvConfig, make_env, play
-from rlvr.envs.tool_use import ToolUseEnv, calculate
+from rlvr.envs.tool_use import FOUND_SCORE, ToolUseEnv, calculate
 from rlvr.envs.tools import ToolCallError, format_call
 from rlvr.sandbox import Sandbox
 from rlvr.tasks.base import DOMAINS, check_disjoint, generate_tasks, split_of
@@ -116,8 +116,34 @@ def test_other_correct_routes_pass(env):
 def test_wrong_answer_is_a_mismatch(env):
     t = task(3)
     wrong = int(t.spec.payload["answer"]) + 1
-    _, verdict = play(env, t, [*t.meta["actions"][:-1], f"Answer: \\boxed{{{wrong}}}"])
+    _, verdict = play(env, t, [sql("SELECT MAX(qty) + MIN(qty) FROM items"), f"Answer: \\boxed{{{wrong}}}"])
+    assert verdict.reason == "mismatch" and verdict.score == 0.0 and not verdict.passed
+
+
+@pytest.mark.parametrize("level", [1, 2, 3, 4])
+def test_right_call_wrong_answer_earns_partial_credit_only(env, level):
+    t = task(level)
+    gold = int(t.spec.payload["answer"])
+    for last in (f"Answer: \\boxed{{{gold + 1}}}", "I am not sure."):
+        _, verdict = play(env, t, [*t.meta["actions"][:-1], last])
+        assert not verdict.passed and verdict.reason in ("mismatch", "no_answer")
+        assert verdict.score == FOUND_SCORE
+
+
+def test_partial_credit_needs_the_gold_alone_and_grounded(env):
+    t = task(3)
+    gold = t.spec.payload["answer"]
+    wrong = f"Answer: \\boxed{{{int(gold) + 1}}}"
+    # listing every row shows the gold among others: no credit for fishing
+    _, verdict = play(env, t, [sql("SELECT price, qty FROM items"), wrong])
     assert verdict.reason == "mismatch" and verdict.score == 0.0
+    # echoing it, or computing it without reading the table: no credit
+    for call in (sql(f"SELECT {gold}"), calc(f"{int(gold) + 1} - 1")):
+        _, verdict = play(env, t, [call, wrong])
+        assert verdict.score == 0.0
+    # a call whose result is another number: no credit
+    _, verdict = play(env, task(1), [calc("1 + 1"), "Answer: \\boxed{3}"])
+    assert verdict.score == 0.0
 
 
 def test_no_or_several_answers(env):

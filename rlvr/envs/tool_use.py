@@ -26,6 +26,11 @@ An assistant turn without a tool call is the final answer and ends the episode. 
     unsupported  the right value, but no tool result supports it (e.g. answered from memory)
     mismatch     a wrong answer (or not in final form)
     no_answer    no final answer, or several (``multiple_answers`` is folded into it)
+
+A failed verdict has score ``FOUND_SCORE`` (else 0) when a supporting tool result is exactly the
+gold value and nothing else (one number, so listing rows cannot earn it): the right call was made
+and its result not carried into the answer. ``passed`` stays False; the score is partial credit
+for ``reward.outcome: score`` (the agentic recipe uses it for ``tool.use``).
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ MAX_ROWS = 10  # rows shown in an sql result
 MAX_CELL_CHARS = 40
 SQL_STEPS = 20_000  # progress-handler calls (every 1000 VM instructions): ~2e7 instructions
 MAX_ERROR_CHARS = 160
+
+FOUND_SCORE = 0.5  # score of a failed verdict whose tool result alone was the gold value
 
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")
 
@@ -191,6 +198,11 @@ def _contains(text: str, gold: str) -> bool:
     return any(answers_equal(n, gold) for n in numbers_in(text))
 
 
+def _is(text: str, gold: str) -> bool:
+    """``text`` is one number, equal to ``gold``."""
+    return _NUMBER.fullmatch(text.strip()) is not None and answers_equal(text.strip(), gold)
+
+
 @ENVS.register("tool.use")
 class ToolUseEnv(ToolEnv):
     """See the module docstring. ``self.log``: one dict per call that reached a tool."""
@@ -272,8 +284,9 @@ class ToolUseEnv(ToolEnv):
         self.finish_with("answer")
         return self._end("answer")
 
-    def supported(self, gold: str) -> bool:
-        """Whether some successful tool result this episode supports ``gold`` (module docstring)."""
+    def supported(self, gold: str, *, alone: bool = False) -> bool:
+        """Whether some successful tool result this episode supports ``gold`` (module docstring);
+        ``alone``: a result that is exactly one number, equal to ``gold``."""
         has_db = bool(self.task.spec.payload.get("rows"))
         grounded: list[str] = []  # numbers from sql results that read the table
         for entry in self.log:
@@ -288,7 +301,9 @@ class ToolUseEnv(ToolEnv):
             else:
                 source_ok = not has_db or any(
                     any(answers_equal(n, g) for g in grounded) for n in numbers_in(args_text))
-            if source_ok and _contains(entry["result"], gold) and not _contains(args_text, gold):
+            if not source_ok or _contains(args_text, gold):
+                continue
+            if _is(entry["result"], gold) if alone else _contains(entry["result"], gold):
                 return True
         return False
 
@@ -297,10 +312,11 @@ class ToolUseEnv(ToolEnv):
         extracted, status = extract_final_answer(self.answer_text)
         details: dict[str, Any] = {"extracted": extracted, "gold": gold, "tool_calls": len(self.log),
                                    "format_ok": extracted is not None}
-        if extracted is None:
-            return Verdict(False, 0.0, "no_answer", {**details, "status": status})
-        if not (is_final_form(extracted, gold) and answers_equal(extracted, gold)):
-            return Verdict(False, 0.0, "mismatch", details)
+        if extracted is None or not (is_final_form(extracted, gold) and answers_equal(extracted, gold)):
+            partial = FOUND_SCORE if self.supported(gold, alone=True) else 0.0
+            if extracted is None:
+                return Verdict(False, partial, "no_answer", {**details, "status": status})
+            return Verdict(False, partial, "mismatch", details)
         if not self.supported(gold):
             return Verdict(False, 0.0, "unsupported", details)
         return Verdict(True, 1.0, "ok", details)
