@@ -101,3 +101,22 @@ def test_overriding_one_key_of_a_section_keeps_the_parents_defaults_for_the_rest
     assert cfg.grpo.domains == default.grpo.domains  # not GRPOConfig's own default domains
     assert cfg.grpo.rollout.max_new_tokens == default.grpo.rollout.max_new_tokens
     assert cfg.grpo.sandbox.allow_weak == default.grpo.sandbox.allow_weak
+
+
+@pytest.mark.parametrize("name, kind", [("quickstart.yaml", "quickstart"), ("agentic.yaml", "quickstart"),
+                                        ("grpo_math.yaml", "grpo")])
+def test_shipped_recipes_parse(name, kind):
+    """Every file in configs/ resolves into its config type (a typo in a recipe fails here, not
+    an hour into a run)."""
+    from pathlib import Path
+
+    from rlvr.config import from_dict
+    from rlvr.train.quickstart import QuickstartConfig
+
+    path = Path(__file__).resolve().parents[1] / "configs" / name
+    cfg = from_dict(QuickstartConfig if kind == "quickstart" else GRPOConfig, read_yaml(path))
+    grpo = cfg.grpo if kind == "quickstart" else cfg
+    assert grpo.steps > 0 and grpo.domains
+    if name == "agentic.yaml":  # the per-domain override reaches the reward of tool.use only
+        assert grpo.reward.for_domain("tool.use").outcome == "score"
+        assert grpo.reward.for_domain("code.repair").outcome == "binary"
