@@ -312,11 +312,11 @@ class ToolUseEnv(ToolEnv):
         extracted, status = extract_final_answer(self.answer_text)
         details: dict[str, Any] = {"extracted": extracted, "gold": gold, "tool_calls": len(self.log),
                                    "format_ok": extracted is not None}
-        if extracted is None or not (is_final_form(extracted, gold) and answers_equal(extracted, gold)):
-            partial = FOUND_SCORE if self.supported(gold, alone=True) else 0.0
-            if extracted is None:
-                return Verdict(False, partial, "no_answer", {**details, "status": status})
-            return Verdict(False, partial, "mismatch", details)
+        found = lambda: FOUND_SCORE if self.supported(gold, alone=True) else 0.0  # noqa: E731
+        if extracted is None:
+            return Verdict(False, found(), "no_answer", {**details, "status": status})
+        if not (is_final_form(extracted, gold) and answers_equal(extracted, gold)):
+            return Verdict(False, found(), "mismatch", details)
         if not self.supported(gold):
             return Verdict(False, 0.0, "unsupported", details)
         return Verdict(True, 1.0, "ok", details)

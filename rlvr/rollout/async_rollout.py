@@ -182,7 +182,8 @@ class AsyncRollout:
             envs = self.env_pools[j % len(self.env_pools)] if self.env_pools else None
             episodes = self.generate_fn(self.engine, tasks, self.serving, envs, self.generator)
             t2 = time.perf_counter()
-            mismatch = self._parity(episodes)
+            mismatch = parity_kl(self.engine, [ep.trajectory for ep in episodes], self.pad_token_id,
+                                 self.cfg.parity_rows)
             t3 = time.perf_counter()
             timings = {"async/sync_s": t1 - t0, "async/generate_s": t2 - t1, "async/parity_s": t3 - t2}
             self.next_index = j + 1
@@ -198,10 +199,6 @@ class AsyncRollout:
             scored = self.verify_fn(tasks, episodes)
             timings = {**timings, "async/verify_s": time.perf_counter() - t0}
             self._put(self.ready, RolloutBatch(j, tasks, scored, version, pool_state, mismatch, timings))
-
-    def _parity(self, episodes) -> float:
-        return parity_kl(self.engine, [ep.trajectory for ep in episodes], self.pad_token_id,
-                         self.cfg.parity_rows)
 
     # ------------------------------------------------------------------ queues that notice errors
 
