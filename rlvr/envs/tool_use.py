@@ -312,7 +312,7 @@ class ToolUseEnv(ToolEnv):
         extracted, status = extract_final_answer(self.answer_text)
         details: dict[str, Any] = {"extracted": extracted, "gold": gold, "tool_calls": len(self.log),
                                    "format_ok": extracted is not None}
-        found = lambda: FOUND_SCORE if self.supported(gold, alone=True) else 0.0  # noqa: E731
+        found = lambda: FOUND_SCORE if self.supported(gold, alone=True) else 0.0
         if extracted is None:
             return Verdict(False, found(), "no_answer", {**details, "status": status})
         if not (is_final_form(extracted, gold) and answers_equal(extracted, gold)):
