@@ -33,6 +33,8 @@ completion tokens: 3 x [2 x non-embedding params x n + 2 x lm-head params x c + 
 attention 4 x layers x hidden x n(n+1)/2 (causal). Padding is not counted; the LM head is counted at
 the completion positions only, the ones both implementations compute it at (counting it at prompt
 positions too, as ``model_flops_per_token`` x all tokens does, would add about 2.5% on ``small``).
+rlvr's shared prompts (``algo.share_prompts``: a group's prompt runs once per packed row) are
+counted once per row, as computed: the fraction is of the work done, not of the work saved.
 """
 
 from __future__ import annotations
@@ -64,14 +66,28 @@ def digit_reward(text: str) -> float:
     return sum(ch.isdigit() for ch in text) / max(len(text), 1)
 
 
-def useful_flops(model, seq_lens: list[int], completion_lens: list[int]) -> float:
-    """Forward + backward FLOPs a step needs (see the module docstring)."""
+def useful_flops(model, seq_lens: list[int], completion_lens: list[int],
+                 shared: list[tuple[int, int]] = ()) -> float:
+    """Forward + backward FLOPs a step needs (see the module docstring). ``shared``: (prompt
+    length, copies saved) per shared prompt of rlvr's layout, whose tokens run once per row
+    instead of once per sample: their FLOPs are not done, so not counted."""
     cfg = model.config
     emb = cfg.vocab_size * cfg.hidden_size
     body = num_params(model) - emb * (1 if cfg.tie_word_embeddings else 2)
     att = 4.0 * cfg.num_hidden_layers * cfg.hidden_size
     fwd = sum(2.0 * body * n + 2.0 * emb * c + att * n * (n + 1) / 2 for n, c in zip(seq_lens, completion_lens))
+    fwd -= sum(k * (2.0 * body * p + att * p * (p + 1) / 2) for p, k in shared)
     return 3.0 * fwd
+
+
+def shared_copies(micro) -> list[tuple[int, int]]:
+    """(prompt length, prompt copies not computed) for rlvr's packed layout of ``micro``."""
+    from rlvr.train.packing import layout_units, shared_prompts, shared_width
+
+    lengths = micro.attention_mask.sum(1).tolist()
+    groups = shared_prompts(micro.input_ids, micro.attention_mask, micro.loss_mask)
+    units = layout_units(lengths, groups, shared_width(max(lengths)))
+    return [(p, len(members) - 1) for p, members in units if p]
 
 
 class Clock:
@@ -98,7 +114,8 @@ class Clock:
 
 
 class RlvrSide:
-    def __init__(self, model_dir: str, out: str, tasks, seed: int, packing: bool = True) -> None:
+    def __init__(self, model_dir: str, out: str, tasks, seed: int, packing: bool = True,
+                 share_prompts: bool = True) -> None:
         import rlvr.train.grpo as grpo
         from rlvr.train.common import OptimConfig
 
@@ -108,7 +125,7 @@ class RlvrSide:
             rollout=grpo.RolloutConfig(tasks_per_step=8, samples_per_task=8, max_new_tokens=32, temperature=1.0,
                                        top_p=1.0, batch_size=64),
             algo=grpo.AlgoConfig(drop_zero_variance=False, clip_low=0.2, clip_high=0.28, microbatch_size=64,
-                                 packing=packing),
+                                 packing=packing, share_prompts=share_prompts),
             optim=OptimConfig(lr=1e-6, warmup_steps=0, grad_clip=1.0), checkpoint_every=10_000,
             save_trajectories_every=10_000)
         self.run = grpo.setup(self.cfg, resume=False)
@@ -125,7 +142,8 @@ class RlvrSide:
             side.clock.add("forward", side._fwd_end - t0)
             lens = micro.attention_mask.sum(1).tolist()
             comp = micro.loss_mask.sum(1).long().tolist()
-            side.clock.flops += useful_flops(model, lens, comp)
+            shared = shared_copies(micro) if side.cfg.algo.packing and side.cfg.algo.share_prompts else []
+            side.clock.flops += useful_flops(model, lens, comp, shared)
             return out
 
         def timed_clip_and_step(*args, **kwargs):
@@ -226,6 +244,8 @@ def main() -> None:
                     help="keep TRL's default gradient checkpointing (recomputes the forward in the backward); "
                          "off by default so that neither side recomputes")
     ap.add_argument("--no-packing", action="store_true", help="rlvr with algo.packing=false (the plain padded forward)")
+    ap.add_argument("--no-share-prompts", action="store_true",
+                    help="rlvr with algo.share_prompts=false (each sample runs its own prompt)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     rounds = a.rounds or (4 if a.size == "small" else 3)
@@ -252,7 +272,8 @@ def main() -> None:
     tasks = generate_tasks(["math.arith"], "train", 8, seed=a.seed)
 
     torch.manual_seed(a.seed)
-    rl = RlvrSide(model_dir, str(Path(tmp) / "rlvr"), tasks, a.seed, packing=not a.no_packing)
+    rl = RlvrSide(model_dir, str(Path(tmp) / "rlvr"), tasks, a.seed, packing=not a.no_packing,
+                  share_prompts=not a.no_share_prompts)
     trl_clock = Clock()
     results = {"rlvr": [], "trl": []}
     rates: list[float] = []
@@ -321,6 +342,7 @@ def main() -> None:
     write_json(a.json, {"size": a.size, "params": params, "trl_version": trl.__version__, "speedup": speedup,
                         "matmul_rate_gflops": rate, "matmul_rates": rates, "machine": machine_note(),
                         "threads": torch.get_num_threads(), "rlvr_packing": not a.no_packing,
+                        "rlvr_share_prompts": not a.no_share_prompts,
                         "trl_gradient_checkpointing": a.trl_gradient_checkpointing, **summary})
 
 

@@ -9,7 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from rlvr.algos.losses import POLICY_LOSSES
 from rlvr.rollout.engine import sequence_logprobs
 from rlvr.train.batching import collate
-from rlvr.train.packing import first_fit_decreasing, pack, packed_logprobs, padding_stats
+from rlvr.train.packing import first_fit_decreasing, pack, packed_logprobs, padding_stats, shared_prompts
 from rlvr.types import Trajectory
 
 LENGTHS = [(5, 9), (3, 1), (7, 12), (1, 1), (4, 6), (6, 3), (2, 11), (8, 2)]  # (prompt, completion)
@@ -162,3 +162,84 @@ def test_micro_loss_is_the_same_with_and_without_packing(batch):
     assert out[True][1]["kl"] == pytest.approx(out[False][1]["kl"], abs=1e-5)
     for a, b in zip(out[True][2], out[False][2]):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+# Two GRPO groups: 4 samples of one 6-token prompt, 3 of a 9-token prompt, one sequence alone.
+GROUPS = [(6, [4, 9, 1, 7]), (9, [3, 12, 5]), (4, [8])]
+
+
+@pytest.fixture()
+def grouped():
+    g = torch.Generator().manual_seed(3)
+    trajectories = []
+    for gid, (p, completions) in enumerate(GROUPS):
+        prompt = torch.randint(3, 61, (p,), generator=g).tolist()
+        for c in completions:
+            ids = prompt + torch.randint(3, 61, (c,), generator=g).tolist()
+            trajectories.append(Trajectory(
+                task_id=f"t{gid}", group_id=gid, messages=(), completion="", token_ids=tuple(ids),
+                loss_mask=(0,) * p + (1,) * c, logprobs=(0.0,) * p + tuple((torch.randn(c, generator=g) * 0.3 - 3).tolist()),
+                finish_reason="length"))
+    return collate(trajectories, [1.0, -0.5, 0.25, -1.0, 0.75, -0.25, 0.5, -0.75], pad_token_id=0)
+
+
+def test_shared_prompts_finds_the_groups(grouped):
+    groups = shared_prompts(grouped.input_ids, grouped.attention_mask, grouped.loss_mask)
+    assert sorted((p, sorted(m)) for p, m in groups) == [(6, [0, 1, 2, 3]), (9, [4, 5, 6])]
+    other = grouped.input_ids.clone()
+    other[1, 2] = 60 if int(other[1, 2]) != 60 else 59  # one sample's prompt differs: it leaves the group
+    groups = shared_prompts(other, grouped.attention_mask, grouped.loss_mask)
+    assert sorted((p, sorted(m)) for p, m in groups) == [(6, [0, 2, 3]), (9, [4, 5, 6])]
+
+
+@pytest.mark.parametrize("width", [None, 16, 30])
+def test_shared_prompt_layout_stores_each_prompt_once_per_unit(grouped, width):
+    groups = shared_prompts(grouped.input_ids, grouped.attention_mask, grouped.loss_mask)
+    packed = pack(grouped.input_ids, grouped.attention_mask, width=width, groups=groups)
+    real = grouped.attention_mask.bool()
+    flat_ids, flat_pos = packed.input_ids.reshape(-1), packed.position_ids.reshape(-1)
+    b, t = real.nonzero(as_tuple=True)
+    assert torch.equal(flat_ids[packed.slot[b, t]], grouped.input_ids[b, t])
+    assert torch.equal(flat_pos[packed.slot[b, t]], t)
+    # the prompt tokens of a group's samples share slots; completion tokens never do
+    used = packed.slot[real]
+    completion = packed.slot[grouped.loss_mask.bool()]
+    assert completion.unique().numel() == completion.numel()
+    assert used.unique().numel() < used.numel()
+    # every token sees exactly its own sequence's earlier tokens
+    allowed = (packed.attention_mask(torch.float32)[:, 0] == 0).reshape(-1, packed.input_ids.numel() // packed.input_ids.shape[0])
+    W = packed.input_ids.shape[1]
+    for i in range(real.shape[0]):
+        n = int(real[i].sum())
+        slots = packed.slot[i, :n]
+        for q in range(n):
+            row, col = divmod(int(slots[q]), W)
+            seen = {row * W + c for c in range(W) if allowed[row * W + col, c]}
+            assert seen == {int(s) for s in slots[: q + 1]}, (i, q)
+
+
+@pytest.mark.parametrize("width", [None, 16, 64])
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+def test_shared_prompts_give_the_padded_forward_logprobs_loss_and_gradients(grouped, width, aggregation):
+    model = _model()
+    loss_a, met_a, grads_a = _loss_and_grads(model, grouped, None, aggregation)
+    model.zero_grad(set_to_none=True)
+    lp = packed_logprobs(model, grouped.input_ids, grouped.attention_mask, grouped.loss_mask, width=width,
+                         packing=True, share_prompts=True)
+    plain = sequence_logprobs(model, grouped.input_ids, grouped.attention_mask).detach()
+    m = grouped.loss_mask.bool()
+    torch.testing.assert_close(lp[m].detach(), plain[m], atol=1e-5, rtol=0)
+    loss_b, met_b = POLICY_LOSSES.get("ppo_clip")(lp, grouped.old_logprobs, grouped.advantages, grouped.loss_mask,
+                                                  aggregation=aggregation, max_tokens=12)
+    loss_b.backward()
+    torch.testing.assert_close(loss_b.detach(), loss_a, atol=1e-6, rtol=1e-5)
+    for name, p in model.named_parameters():
+        assert grads_a[name].abs().sum() > 0, name
+        torch.testing.assert_close(p.grad, grads_a[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_shared_prompts_save_slots(grouped):
+    groups = shared_prompts(grouped.input_ids, grouped.attention_mask, grouped.loss_mask)
+    alone = padding_stats(grouped.attention_mask, 30)
+    shared = padding_stats(grouped.attention_mask, 30, groups)
+    assert shared["packed_slots"] < alone["packed_slots"]

@@ -118,6 +118,9 @@ class AlgoConfig:
     block-diagonal causal mask when that saves >= 10% of the token slots (else the padded rows with
     a causal-only mask), and the LM head on policy tokens only. Same loss and gradients as the
     plain padded forward; false for a model whose attention takes no 4D mask (FlashAttention-2)."""
+    share_prompts: bool = True
+    """With packing: the samples of a group that start with the same prompt run it once per packed
+    row instead of once each (``rlvr.train.packing.shared_prompts``); same loss and gradients."""
 
     def __post_init__(self) -> None:
         check_choice("algo.advantage", self.advantage, ADVANTAGES.names())
@@ -391,7 +394,8 @@ def logprobs_of(model, batch: Batch, a: AlgoConfig) -> torch.Tensor:
     """[B, T] log-probs of ``batch`` under ``model``: on policy tokens only when packing, else
     every real token but the first."""
     if a.packing:
-        return packed_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)
+        return packed_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
+                               share_prompts=a.share_prompts)
     return sequence_logprobs(model, batch.input_ids, batch.attention_mask)
 
 

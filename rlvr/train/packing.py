@@ -10,6 +10,12 @@ What it does:
 - ``causal_rows`` keeps the right-padded rows and drops the padding mask: padding follows every
   real token, so the plain causal mask already keeps it out of sight, and attention runs SDPA's
   unmasked causal kernel.
+- **Shared prompts** (``shared_prompts``, ``pack(groups=...)``): the n samples of a GRPO group
+  start with the same prompt. Packed with sharing, a row holds one copy of the prompt followed by
+  the rest of several of its samples; each sample's tokens see the prompt copy and their own
+  earlier tokens, with positions continuing from the prompt's. The prompt's forward and backward
+  run once per row instead of once per sample, and its gradient is the sum over the samples that
+  read it, as in the unshared forward. Rows are ``shared_width`` tokens wide.
 - ``packed_logprobs`` runs the model once, packed when that removes at least ``PACK_MIN_SAVING``
   (10%) of the token slots, else on ``causal_rows``, and returns the same ``[B, T]`` log-probs as
   ``rlvr.rollout.engine.sequence_logprobs`` at the positions asked for (``want``, e.g. the loss
@@ -18,7 +24,8 @@ What it does:
   prompt tokens. Gradients flow as in the plain path.
 
 Why it is exact: within a row, the mask lets each token see exactly the tokens its own sequence
-has before it, and rotary positions restart at 0 per sequence, so every hidden state equals the
+has before it (a shared prompt's copy included), and rotary positions are each token's position in
+its own sequence, so every hidden state equals the
 one of the padded forward (up to float summation order); tests/test_packing.py checks log-probs,
 loss and gradients against the plain right-padded path.
 
@@ -50,18 +57,26 @@ class Packed:
     segment      [R, W] long   which sequence a slot holds (-1-row index for unused slots); None for
                                unpacked right-padded rows (``causal_rows``: causal mask only)
     slot         [B, T] long   flat index (row * W + column) of each padded position; -1 on padding
+                               (the slots of a shared prompt appear in every sequence of its group)
+    prefix       [R, W] long   the segment a slot's sequence reads as its prompt (a shared prompt's
+                               segment), or its own segment; None when nothing is shared
     """
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     segment: torch.Tensor
     slot: torch.Tensor
+    prefix: torch.Tensor | None = None
 
     def attention_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        """Block-diagonal causal mask [R, 1, W, W], additive: 0 = attend, dtype min = masked."""
+        """Causal mask [R, 1, W, W] within each segment, plus each sequence's view of its shared
+        prompt; additive: 0 = attend, dtype min = masked."""
         W = self.segment.shape[1]
         causal = torch.ones(W, W, dtype=torch.bool, device=self.segment.device).tril()
-        allowed = (self.segment[:, :, None] == self.segment[:, None, :]) & causal
+        allowed = self.segment[:, :, None] == self.segment[:, None, :]
+        if self.prefix is not None:
+            allowed |= self.prefix[:, :, None] == self.segment[:, None, :]
+        allowed &= causal
         mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
         return mask[:, None]
@@ -83,36 +98,92 @@ def first_fit_decreasing(lengths: list[int], width: int) -> list[list[int]]:
     return bins
 
 
+def shared_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   want: torch.Tensor) -> list[tuple[int, list[int]]]:
+    """Groups of sequences that start with the same prompt: ``(P, members)`` where ``P`` is the
+    number of tokens before the members' first wanted position (the tokens no loss is taken on, a
+    GRPO group's prompt) and those ``P`` tokens are identical. Only prompts of 2+ tokens held by
+    2+ sequences; every other sequence is in no group."""
+    wanted = want.bool() & attention_mask.bool()
+    first = torch.where(wanted.any(dim=1), wanted.int().argmax(dim=1), torch.zeros_like(wanted[:, 0], dtype=torch.long))
+    ids = input_ids.cpu()
+    groups: dict[tuple[int, bytes], list[int]] = {}
+    for b, p in enumerate(first.tolist()):
+        if p >= 2:
+            groups.setdefault((p, ids[b, :p].numpy().tobytes()), []).append(b)
+    return [(p, members) for (p, _), members in groups.items() if len(members) > 1]
+
+
+def layout_units(lengths: list[int], groups: list[tuple[int, list[int]]] | None,
+           width: int) -> list[tuple[int, list[int]]]:
+    """What is laid contiguously in a row: ``(P, members)``, one copy of a shared ``P``-token
+    prompt followed by the rest of each member (``P = 0``: one sequence on its own). A group is
+    split into as few units as fit in ``width`` (longest members first)."""
+    units: list[tuple[int, list[int]]] = []
+    grouped: set[int] = set()
+    for p, members in groups or ():
+        grouped.update(members)
+        current: list[int] = []
+        used = p
+        for i in sorted(members, key=lambda i: -lengths[i]):
+            if current and used + lengths[i] - p > width:
+                units.append((p, current) if len(current) > 1 else (0, current))
+                current, used = [], p
+            current.append(i)
+            used += lengths[i] - p
+        units.append((p, current) if len(current) > 1 else (0, current))
+    units += [(0, [i]) for i in range(len(lengths)) if i not in grouped]
+    return sorted(units, key=lambda u: min(u[1]))
+
+
+def _unit_length(unit: tuple[int, list[int]], lengths: list[int]) -> int:
+    p, members = unit
+    return p + sum(lengths[i] - p for i in members)
+
+
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int | None = None,
-         pad_token_id: int = 0) -> Packed:
-    """Pack a right-padded batch ([B, T], mask 1 on real tokens) into rows of ``width`` tokens."""
+         pad_token_id: int = 0, groups: list[tuple[int, list[int]]] | None = None) -> Packed:
+    """Pack a right-padded batch ([B, T], mask 1 on real tokens) into rows of ``width`` tokens.
+    ``groups`` (``shared_prompts``): sequences whose first ``P`` tokens are stored once per row."""
     B, T = input_ids.shape
     lengths = attention_mask.sum(dim=1).tolist()
     width = max(int(width or 0), max(lengths), 1)
-    bins = first_fit_decreasing(lengths, width)
+    units = layout_units(lengths, groups, width)
+    unit_len = [_unit_length(u, lengths) for u in units]
+    bins = first_fit_decreasing(unit_len, width)
     R, device = len(bins), input_ids.device
-    seq_row = torch.empty(B, dtype=torch.long)
-    seq_start = torch.empty(B, dtype=torch.long)
+    base, shared, offset, unit_of = ([0] * B for _ in range(4))
     for r, members in enumerate(bins):
-        offset = 0
-        for i in members:
-            seq_row[i], seq_start[i] = r, offset
-            offset += lengths[i]
-    seq_row, seq_start = seq_row.to(device), seq_start.to(device)
-    cols = torch.arange(T, device=device)
-    real = cols[None, :] < torch.as_tensor(lengths, device=device)[:, None]  # [B, T]
-    slot = torch.where(real, seq_row[:, None] * width + seq_start[:, None] + cols[None, :],
-                       torch.full_like(real, -1, dtype=torch.long))
+        start = r * width
+        for u in members:
+            p, seqs = units[u]
+            o = 0
+            for i in seqs:
+                base[i], shared[i], offset[i], unit_of[i] = start, p, o, u
+                o += lengths[i] - p
+            start += unit_len[u]
+    base, shared, offset, unit_of = (torch.as_tensor(x, device=device)[:, None] for x in (base, shared, offset, unit_of))
+    cols = torch.arange(T, device=device)[None, :]
+    real = cols < torch.as_tensor(lengths, device=device)[:, None]  # [B, T]
+    in_prompt = cols < shared
+    slot = torch.where(real, base + cols + torch.where(in_prompt, 0, offset), -1)
     b_idx, t_idx = real.nonzero(as_tuple=True)
     dst = slot[b_idx, t_idx]
     ids = torch.full((R * width,), pad_token_id, dtype=input_ids.dtype, device=device)
-    ids[dst] = input_ids[b_idx, t_idx]
-    # Unused slots: their own segment per row, positions counting from the row's start (harmless).
+    ids[dst] = input_ids[b_idx, t_idx]  # a shared prompt's slots are written once per member, same values
+    # Segments: sequence b is b, the copy of a shared prompt in unit u is B + u. Unused slots: their
+    # own segment per row, positions counting from the row's start (harmless).
+    own = torch.arange(B, device=device)[:, None]
     segment = (-1 - torch.arange(R, device=device))[:, None].expand(R, width).reshape(-1).clone()
-    segment[dst] = b_idx
+    segment[dst] = torch.where(in_prompt, B + unit_of, own)[b_idx, t_idx]
+    prefix = None
+    if any(p for p, _ in units):
+        prefix = segment.clone()
+        prefix[dst] = torch.where(shared > 0, B + unit_of, own).expand(B, T)[b_idx, t_idx]
+        prefix = prefix.view(R, width)
     positions = torch.arange(width, device=device).repeat(R)
     positions[dst] = t_idx
-    return Packed(ids.view(R, width), positions.view(R, width), segment.view(R, width), slot)
+    return Packed(ids.view(R, width), positions.view(R, width), segment.view(R, width), slot, prefix)
 
 
 def _decoder_and_head(model: torch.nn.Module):
@@ -129,6 +200,17 @@ def _decoder_and_head(model: torch.nn.Module):
 # Pack only when it removes at least this share of the padded batch's token slots: a packed
 # forward needs an explicit mask (SDPA's masked kernel), the right-padded one only the causal flag.
 PACK_MIN_SAVING = 0.10
+# Rows that hold shared prompts are this many times the longest sequence, at most SHARED_MAX_WIDTH
+# tokens (never less than the longest sequence): wider rows share a prompt among more of its group,
+# but attention under a dense mask costs more per token the wider the row. 4x: 1.3-1.5x faster
+# forward + backward than unshared on the TRL benchmark batch (docs/training_step.md).
+SHARED_WIDTH = 4.0
+SHARED_MAX_WIDTH = 256
+
+
+def shared_width(longest: int) -> int:
+    """Row width for packing with shared prompts, given the longest sequence."""
+    return max(longest, min(int(SHARED_WIDTH * longest), SHARED_MAX_WIDTH))
 
 
 def causal_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Packed:
@@ -143,20 +225,26 @@ def causal_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Packed
 
 def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     want: torch.Tensor | None = None, *, width: int | None = None,
-                    packing: bool | None = None) -> torch.Tensor:
+                    packing: bool | None = None, share_prompts: bool = False) -> torch.Tensor:
     """log pi(input_ids[b, t] | input_ids[b, :t]) at the positions where ``want`` is nonzero.
 
     Same values as ``sequence_logprobs(model, input_ids, attention_mask)`` there (up to float
     summation order), 0.0 elsewhere (``want`` defaults to every real token but the first).
     ``packing``: True packs (``pack``), False keeps the padded rows with a causal-only mask
     (``causal_rows``), None (default) packs when that saves ``PACK_MIN_SAVING`` of the slots.
+    ``share_prompts`` (with ``want``): sequences that start with the same unwanted tokens (a GRPO
+    group's prompt, ``shared_prompts``) run that prompt once per packed row, in rows of
+    ``shared_width`` tokens unless ``width`` is given.
     input_ids, attention_mask, want: [B, T], right-padded -> [B, T] float32.
     """
     B, T = input_ids.shape
+    groups = shared_prompts(input_ids, attention_mask, want) if share_prompts and want is not None else None
+    if groups and width is None:
+        width = shared_width(int(attention_mask.sum(dim=1).max()))
     if packing is None:
-        stats = padding_stats(attention_mask, width)
+        stats = padding_stats(attention_mask, width, groups)
         packing = stats["packed_slots"] <= (1 - PACK_MIN_SAVING) * stats["padded_slots"]
-    rows = pack(input_ids, attention_mask, width) if packing else causal_rows(input_ids, attention_mask)
+    rows = pack(input_ids, attention_mask, width, groups=groups) if packing else causal_rows(input_ids, attention_mask)
     real = attention_mask.bool()
     targets = real.clone()
     targets[:, 0] = False
@@ -182,14 +270,15 @@ def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     return out.view(B, T)
 
 
-def padding_stats(attention_mask: torch.Tensor, width: int | None = None) -> dict[str, float]:
+def padding_stats(attention_mask: torch.Tensor, width: int | None = None,
+                  groups: list[tuple[int, list[int]]] | None = None) -> dict[str, float]:
     """Token slots of the padded batch vs the packed rows, for metrics and benchmarks."""
     lengths = attention_mask.sum(dim=1).tolist()
     w = max(int(width or 0), max(lengths), 1)
-    rows = len(first_fit_decreasing(lengths, w))
+    rows = len(first_fit_decreasing([_unit_length(u, lengths) for u in layout_units(lengths, groups, w)], w))
     return {"real_tokens": float(sum(lengths)), "padded_slots": float(attention_mask.numel()),
             "packed_slots": float(rows * w)}
 
 
-__all__ = ["PACK_MIN_SAVING", "Packed", "causal_rows", "first_fit_decreasing", "pack", "packed_logprobs",
-           "padding_stats"]
+__all__ = ["PACK_MIN_SAVING", "SHARED_MAX_WIDTH", "SHARED_WIDTH", "Packed", "causal_rows", "first_fit_decreasing",
+           "layout_units", "pack", "packed_logprobs", "padding_stats", "shared_prompts", "shared_width"]
