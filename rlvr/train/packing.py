@@ -105,7 +105,7 @@ def shared_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     GRPO group's prompt) and those ``P`` tokens are identical. Only prompts of 2+ tokens held by
     2+ sequences; every other sequence is in no group."""
     wanted = want.bool() & attention_mask.bool()
-    first = torch.where(wanted.any(dim=1), wanted.int().argmax(dim=1), torch.zeros_like(wanted[:, 0], dtype=torch.long))
+    first = torch.where(wanted.any(dim=1), wanted.int().argmax(dim=1), 0)  # 0: nothing wanted, never shared
     ids = input_ids.cpu()
     groups: dict[tuple[int, bytes], list[int]] = {}
     for b, p in enumerate(first.tolist()):
@@ -115,7 +115,7 @@ def shared_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 
 def layout_units(lengths: list[int], groups: list[tuple[int, list[int]]] | None,
-           width: int) -> list[tuple[int, list[int]]]:
+                 width: int) -> list[tuple[int, list[int]]]:
     """What is laid contiguously in a row: ``(P, members)``, one copy of a shared ``P``-token
     prompt followed by the rest of each member (``P = 0``: one sequence on its own). A group is
     split into as few units as fit in ``width`` (longest members first)."""
