@@ -427,3 +427,48 @@ def test_qwen2_layout_with_qkv_bias_runs_fast(tok, prompts):
     hf = generate(qwen, prompts, params, pad_token_id=PAD, backend="hf")
     for a, b in zip(fast, hf):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+
+
+def test_past_prefix_continues_as_if_the_whole_prompt_ran(model, prompts):
+    """Prefix reuse: a second call whose prompts extend the first call's (prompt, completion, new
+    tokens), given the first call's caches as ``past``, samples the same tokens with the same
+    logprobs as running the whole prompts; rows without a cache and a cache shorter than its
+    prompt's prefix are mixed in."""
+    params = SamplingParams(max_new_tokens=5, temperature=1.0, n=2, stop_token_ids=(7, 11))
+    first = generate(model, prompts, params, pad_token_id=PAD, backend="fast", keep_cache=True,
+                     generator=torch.Generator().manual_seed(1))
+    g = torch.Generator().manual_seed(2)
+    nxt, past = [], []
+    for i, c in enumerate(first):
+        nxt.append(list(prompts[c.prompt_index]) + c.token_ids + torch.randint(10, 270, (i % 3 + 1,), generator=g).tolist())
+        assert c.cache is not None and c.cache.length == len(prompts[c.prompt_index]) + len(c.token_ids) - 1
+        past.append(None if i == 2 else c.cache)
+    short = past[5]
+    past[5] = decoder.KVPrefix([k[:, :2] for k in short.k], [v[:, :2] for v in short.v])  # only 2 tokens cached
+    runs = [generate(model, nxt, params, pad_token_id=PAD, backend="fast", past=p,
+                     generator=torch.Generator().manual_seed(3)) for p in (past, None)]
+    for a, b in zip(*runs):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+
+
+def test_completion_cache_equals_a_fresh_prefill(model, prompts):
+    """``Completion.cache`` holds the K/V of the prompt and the completion but its last token,
+    equal to what a prefill of exactly those tokens computes; the HF path returns none."""
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, n=2, stop_token_ids=(7, 11))
+    out = generate(model, prompts, params, pad_token_id=PAD, backend="fast", keep_cache=True,
+                   generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        f = decoder.FastLlama(model)
+        for c in out:
+            seq = list(prompts[c.prompt_index]) + c.token_ids[:-1]
+            st = f.start(1, len(seq) + 1)
+            st.prefill([seq], torch.tensor([0]), PAD)
+            fresh = st.prefix(0, 0)
+            assert c.cache.length == len(seq)
+            for got, want in zip(c.cache.k + c.cache.v, fresh.k + fresh.v):
+                torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    hf = generate(model, prompts, params, pad_token_id=PAD, backend="hf", keep_cache=True,
+                  generator=torch.Generator().manual_seed(0))
+    assert all(c.cache is None for c in hf)
+    assert [c.token_ids for c in hf] == [c.token_ids for c in out]

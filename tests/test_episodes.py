@@ -197,3 +197,45 @@ def test_a_turn_that_runs_out_of_tokens_cuts_the_episode(model_tok, monkeypatch)
     assert ep.trajectory.num_policy_tokens == 10
     verdict = judge([echo_task()], [ep])[0]
     assert verdict.reason == "budget" and not verdict.passed
+
+
+def test_episodes_reuse_each_turns_cache_and_match_running_the_whole_conversation(tiny_model_dir, monkeypatch):
+    """On the fast decoder a turn starts from the K/V of the episode's earlier turns (only the new
+    tokens run), and the episodes equal the ones that run the whole conversation every turn:
+    same tokens, logprobs equal to a fresh forward pass over the trajectory."""
+    from rlvr.rollout import decoder
+
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    model.config.max_position_embeddings = 512
+    ran: list[tuple[int, int]] = []  # (columns computed, prompt width) per prefill
+    real = decoder.DecodeState.prefill
+
+    def counting(self, prompts, expand, pad_token_id, past=None):
+        W = max(len(p) for p in prompts)
+        cached = [min(c.length, len(p) - 1) if c is not None else 0 for c, p in zip(past or [None] * len(prompts), prompts)]
+        ran.append((max(len(p) - m for p, m in zip(prompts, cached)), W))
+        return real(self, prompts, expand, pad_token_id, past)
+
+    monkeypatch.setattr(decoder.DecodeState, "prefill", counting)
+    cfg = EnvConfig(max_turns=4, turn_tokens=24, max_tokens=80, max_context=400)
+    # A random model rarely emits EOS: a band of stop tokens ends its turns after a few tokens.
+    params = SamplingParams(n=3, temperature=1.0, stop_token_ids=tuple(range(40, 100)))
+    runs = []
+    for reuse in (True, False):
+        ran.clear()
+        pool = EnvPool(cfg)
+        eps = collect_episodes(model, tok, [echo_task(0), echo_task(1)], params, pool,
+                               generator=torch.Generator().manual_seed(0), reuse_cache=reuse)
+        runs.append(([e.trajectory for e in eps], list(ran)))
+        pool.close()
+    (with_cache, ran_reuse), (without, ran_full) = runs
+    assert max(e.info["turns"] for e in with_cache) >= 3
+    assert all(c == w for c, w in ran_full)  # no reuse: every prefill runs the whole width
+    assert all(c < w for c, w in ran_reuse[1:]) and sum(c for c, _ in ran_reuse) < sum(c for c, _ in ran_full) / 2
+    for a, b in zip(with_cache, without):
+        assert a.token_ids == b.token_ids and a.segments == b.segments
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+        with torch.no_grad():
+            fresh = sequence_logprobs(model, torch.tensor([a.token_ids]), torch.ones(1, len(a.token_ids), dtype=torch.long))[0]
+        mask = torch.tensor(a.loss_mask, dtype=torch.bool)
+        assert torch.allclose(fresh[mask], torch.tensor(a.logprobs)[mask], atol=1e-4)

@@ -13,7 +13,12 @@ What it does:
   layer for K and one for V, ``[rows, kv_heads, max_len, head_dim]``), the key-validity mask of
   the left-padded prompts and each row's next position. ``prefill`` runs each distinct prompt once
   and writes its K/V into all of its sample rows; ``step`` runs one token per row; ``compact``
-  keeps only some rows (finished rows leave the batch).
+  keeps only some rows (finished rows leave the batch); ``prefix(row, start)`` copies a row's
+  K/V out as a ``KVPrefix``.
+- Prefix reuse across calls: ``prefill(..., past=...)`` takes, per prompt, the ``KVPrefix`` of
+  its first tokens (what the previous turn of a multi-turn episode computed) and runs only the
+  rest; the prompts are still left-padded to a common width, the forward covers the last ``C``
+  columns (``C`` = the longest uncached suffix), attending to the copied columns before them.
 - The step is the model's own math, written out: RMSNorm, fused projections, RoPE from the
   model's ``inv_freq`` (cos/sin tables built once per call), grouped-query attention (queries
   of one KV head side by side, so K/V are never repeated; ``F.scaled_dot_product_attention`` on
@@ -55,6 +60,20 @@ class _Layer:
     bgu: torch.Tensor | None
     wd: torch.Tensor
     bd: torch.Tensor | None
+
+
+@dataclass
+class KVPrefix:
+    """The keys and values of a sequence's first ``length`` tokens, per layer
+    ``[kv_heads, length, head_dim]``: what ``prefill(past=...)`` starts from instead of running
+    those tokens again."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+
+    @property
+    def length(self) -> int:
+        return self.k[0].shape[1]
 
 
 def _cat_t(*ts: torch.Tensor) -> torch.Tensor:
@@ -221,13 +240,18 @@ class DecodeState:
         self.graphs = _Graphs(self) if cuda_graphs else None
 
     # -- prefill ---------------------------------------------------------------------------------
-    def prefill(self, prompts: list, expand: torch.Tensor, pad_token_id: int) -> torch.Tensor:
+    def prefill(self, prompts: list, expand: torch.Tensor, pad_token_id: int,
+                past: list[KVPrefix | None] | None = None) -> torch.Tensor:
         """Run the distinct ``prompts`` once (left-padded) and copy each one's K/V to its rows
-        (``expand[r]`` = prompt of row r). Returns the last-position logits per row [rows, V]."""
+        (``expand[r]`` = prompt of row r). ``past[k]``, when given, holds the K/V of prompt k's
+        first tokens: only the columns after the shortest-covered suffix run (see the module
+        docstring). Returns the last-position logits per row [rows, V]."""
         f = self.f
         dev = f.device
         lengths = [len(p) for p in prompts]
         U, W = len(prompts), max(lengths)
+        cached = [min(c.length, n - 1) if c is not None else 0 for c, n in zip(past or [None] * U, lengths)]
+        C = max(n - m for n, m in zip(lengths, cached))  # columns W - C .. W - 1 run
         ids = torch.full((U, W), pad_token_id, dtype=torch.long)
         mask = torch.zeros((U, W), dtype=torch.bool)
         for k, p in enumerate(prompts):
@@ -235,20 +259,34 @@ class DecodeState:
             mask[k, W - lengths[k]:] = True
         ids, mask = ids.to(dev), mask.to(dev)
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        cos, sin = self.cos[positions], self.sin[positions]  # [U, W, hd]
-        causal = torch.ones((W, W), dtype=torch.bool, device=dev).tril()
-        eye = torch.eye(W, dtype=torch.bool, device=dev)
-        attn_mask = ((causal & mask[:, None, :]) | eye)[:, None]  # pad queries see themselves: no NaN
+        cos, sin = self.cos[positions[:, W - C:]], self.sin[positions[:, W - C:]]  # [U, C, hd]
+        causal = torch.ones((W, W), dtype=torch.bool, device=dev).tril()[W - C:]
+        eye = torch.eye(W, dtype=torch.bool, device=dev)[W - C:]
+        attn_mask = ((causal & mask[:, None, :]) | eye)[:, None]  # [U, 1, C, W]; pad queries see themselves
+        direct = U == self.rows and bool((expand == torch.arange(U, device=dev)).all())
         nh, nkv, hd = f.num_heads, f.num_kv, f.head_dim
-        x = F.embedding(ids, f.embed)
+        x = F.embedding(ids[:, W - C:], f.embed)
         for li, L in enumerate(f.layers):
-            qkv = _lin(f.rms(x, L.ln1), L.wqkv, L.bqkv)  # [U, W, (nh + 2 nkv) hd]
+            qkv = _lin(f.rms(x, L.ln1), L.wqkv, L.bqkv)  # [U, C, (nh + 2 nkv) hd]
             qk = f.rope(qkv[..., : (nh + nkv) * hd].unflatten(-1, (nh + nkv, hd)), cos, sin)
             q = qk[..., :nh, :].transpose(1, 2)
-            k = qk[..., nh:, :].transpose(1, 2)  # [U, nkv, W, hd]
+            k = qk[..., nh:, :].transpose(1, 2)  # [U, nkv, C, hd]
             v = qkv[..., (nh + nkv) * hd:].unflatten(-1, (nkv, hd)).transpose(1, 2)
-            self.k[li][:, :, :W] = k.index_select(0, expand)
-            self.v[li][:, :, :W] = v.index_select(0, expand)
+            if C < W:  # the whole width: copied prefixes, then the columns just computed
+                K = self.k[li][:U, :, :W] if direct else k.new_empty((U, nkv, W, hd))
+                V = self.v[li][:U, :, :W] if direct else v.new_empty((U, nkv, W, hd))
+                for j, m in enumerate(cached):
+                    s0 = W - lengths[j]
+                    K[j, :, :min(s0, W - C)] = 0  # left padding: masked, but never garbage (0 x NaN)
+                    V[j, :, :min(s0, W - C)] = 0
+                    if m:
+                        K[j, :, s0:s0 + m] = past[j].k[li][:, :m]
+                        V[j, :, s0:s0 + m] = past[j].v[li][:, :m]
+                K[:, :, W - C:], V[:, :, W - C:] = k, v
+                k, v = K, V
+            if not (direct and C < W):
+                self.k[li][:, :, :W] = k.index_select(0, expand)
+                self.v[li][:, :, :W] = v.index_select(0, expand)
             if f.rep > 1:
                 k = k.repeat_interleave(f.rep, dim=1)
                 v = v.repeat_interleave(f.rep, dim=1)
@@ -262,6 +300,12 @@ class DecodeState:
         self.pos.copy_(positions[:, -1].index_select(0, expand) + 1)
         self.col = W
         return f.logits(x[:, -1]).index_select(0, expand)
+
+    def prefix(self, row: int, start: int) -> KVPrefix:
+        """A copy of row ``row``'s K/V from column ``start`` (where its prompt begins) to the
+        last column written: its prompt and every token fed since."""
+        return KVPrefix([K[row, :, start:self.col].clone() for K in self.k],
+                        [V[row, :, start:self.col].clone() for V in self.v])
 
     # -- decode ----------------------------------------------------------------------------------
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

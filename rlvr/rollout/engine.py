@@ -16,6 +16,10 @@ What it does:
   ``log_softmax(logits)`` at temperature 1 without top-p truncation, whatever temperature/top-p
   was used to sample. That is the ``pi_old`` of the PPO ratio; it matches ``sequence_logprobs``
   on the same tokens (up to float error).
+- Prefix reuse (fast decoder): ``keep_cache=True`` returns with each completion the K/V of its
+  prompt and its tokens but the last (``Completion.cache``, a ``KVPrefix``); passing it back as
+  ``past`` for a prompt that starts with those tokens (the next turn of an episode) runs only the
+  new tokens. The Hugging Face path ignores ``past`` and returns no cache.
 - ``sequence_logprobs`` is the training-side counterpart: per-token log-probs of given sequences,
   with gradients.
 
@@ -29,13 +33,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-from rlvr.rollout.decoder import FastLlama, unsupported_reason
+from rlvr.rollout.decoder import FastLlama, KVPrefix, unsupported_reason
 
 
 @dataclass
@@ -87,6 +91,9 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: Literal["stop", "length"]
+    cache: KVPrefix | None = field(default=None, repr=False)
+    """With ``generate(keep_cache=True)`` on the fast decoder: the K/V of the prompt and of
+    ``token_ids[:-1]`` (the last token was never fed), for ``generate(past=...)``."""
 
 
 def _model_stop_ids(model: torch.nn.Module) -> tuple[int, ...]:
@@ -143,6 +150,8 @@ def generate(
     tokenizer=None,
     backend: Literal["auto", "fast", "hf"] = "auto",
     cuda_graphs: bool | None = None,
+    past: Sequence[KVPrefix | None] | None = None,
+    keep_cache: bool = False,
 ) -> list[Completion]:
     """Sample ``params.n`` completions per prompt; returns ``len(prompts) * n`` completions,
     prompt-major (all of prompt 0's samples first).
@@ -153,7 +162,9 @@ def generate(
     ``params.stop`` (stop strings). ``backend``: ``"fast"`` is rlvr's own decoder for Llama-layout
     models (``rollout/decoder.py``), ``"hf"`` the Hugging Face forward with its cache, ``"auto"``
     the fast one when the model fits it. ``cuda_graphs`` (fast backend; default: on for CUDA)
-    captures the decode step in CUDA graphs. Runs in eval mode under ``torch.inference_mode``
+    captures the decode step in CUDA graphs. ``past[i]`` (fast backend) is the K/V of prompt i's
+    first tokens, from an earlier call's ``Completion.cache``; ``keep_cache`` fills
+    ``Completion.cache``. Runs in eval mode under ``torch.inference_mode``
     and restores the model's train/eval mode afterwards.
     """
     if any(len(p) == 0 for p in prompts):
@@ -164,6 +175,8 @@ def generate(
         raise ValueError("SamplingParams.stop (stop strings) needs generate(..., tokenizer=...) to decode tokens")
     if backend not in ("auto", "fast", "hf"):
         raise ValueError(f"backend must be one of auto, fast, hf; got {backend!r}")
+    if past is not None and len(past) != len(prompts):
+        raise ValueError(f"past has {len(past)} entries for {len(prompts)} prompts")
     stop_ids = params.stop_token_ids if params.stop_token_ids is not None else _model_stop_ids(model)
     rows = [i for i in range(len(prompts)) for _ in range(params.n)]  # prompt index of each row
     step = batch_size or max(len(rows), 1)
@@ -185,7 +198,8 @@ def generate(
             for start in range(0, len(rows), step):
                 chunk = rows[start : start + step]
                 out += _generate_rows(model, fast, graphs, prompts, chunk, params, stop_ids, generator,
-                                      pad_token_id, tokenizer)
+                                      pad_token_id, tokenizer, past if fast is not None else None,
+                                      keep_cache and fast is not None)
     finally:
         model.train(was_training)
     return out
@@ -199,7 +213,7 @@ class _HFState:
         self.device = next(model.parameters()).device
         self.cache_kwarg = _cache_kwarg(model)
 
-    def prefill(self, prompts: list, expand: torch.Tensor, pad_token_id: int) -> torch.Tensor:
+    def prefill(self, prompts: list, expand: torch.Tensor, pad_token_id: int, past=None) -> torch.Tensor:
         """Run the prompts once, left-padded, with positions counted over real tokens only, then
         copy each prompt's cache, mask and position to its sample rows."""
         lengths = [len(p) for p in prompts]
@@ -256,6 +270,8 @@ def _generate_rows(
     generator: torch.Generator | None,
     pad_token_id: int,
     tokenizer,
+    past: Sequence[KVPrefix | None] | None = None,
+    keep_cache: bool = False,
 ) -> list[Completion]:
     """Generate one completion per entry of ``rows`` (prompt indices, grouped by prompt)."""
     if params.max_new_tokens == 0:
@@ -272,7 +288,11 @@ def _generate_rows(
         device = state.device
     # One prefill per distinct prompt; its cache, logits and mask are copied to its sample rows.
     expand = torch.tensor([row_of[p] for p in rows], device=device)
-    logits = state.prefill([prompts[p] for p in unique], expand, pad_token_id)
+    logits = state.prefill([prompts[p] for p in unique], expand, pad_token_id,
+                           past=[past[p] for p in unique] if past is not None else None)
+    caches: list[KVPrefix | None] = [None] * B
+    if keep_cache:  # column where each row's prompt starts (prompts are left-padded to ``width``)
+        starts = [width - len(prompts[p]) for p in rows]
 
     tokens = torch.full((B, T), pad_token_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((B, T), dtype=torch.float32, device=device)
@@ -312,8 +332,14 @@ def _generate_rows(
         for i in finished:
             alive[i] = False
             lengths[present[i]], stopped[present[i]] = t + 1, True
+            if keep_cache:  # before compaction drops the row
+                caches[present[i]] = state.prefix(i, starts[present[i]])
         n_alive -= len(finished)
         if n_alive == 0 or t == T - 1:
+            if keep_cache:
+                for i, r in enumerate(present):
+                    if alive[i]:
+                        caches[r] = state.prefix(i, starts[r])
             break
         if finished and state.worth_compacting(n_alive, T - 1 - t):
             keep_l = [i for i, a in enumerate(alive) if a]
@@ -332,6 +358,7 @@ def _generate_rows(
             token_ids=tokens_l[r][: lengths[r]],
             logprobs=logprobs_l[r][: lengths[r]],
             finish_reason="stop" if stopped[r] else "length",
+            cache=caches[r],
         )
         for r, p in enumerate(rows)
     ]

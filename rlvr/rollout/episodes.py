@@ -8,9 +8,12 @@ tools run in the sandbox). A trajectory grows by appending only:
     prompt ids | turn 1 (policy ids, loss 1) | observation ids (loss 0) | turn 2 | ...
 
 so the ids the policy saw at every turn are exactly the prefix it is trained on; nothing is
-re-tokenised from text (``rlvr.envs.tokens``). Budgets: a turn may use ``turn_tokens``, an episode
-``max_tokens`` policy tokens and ``max_context`` tokens in all (capped by the model's context
-length); running out cuts the episode (``finish``: length / tokens / context), which then fails.
+re-tokenised from text (``rlvr.envs.tokens``). Each episode keeps the K/V its last turn computed
+(``Completion.cache``, fast decoder), so a turn runs only the new tokens (the last reply token
+and the observation), not the whole conversation again (``reuse_cache``).
+
+Budgets: a turn may use ``turn_tokens``, an episode ``max_tokens`` policy tokens and
+``max_context`` tokens in all (capped by the model's context length); running out cuts the episode (``finish``: length / tokens / context), which then fails.
 
 ``run_tasks``/``judge`` are what the trainer and eval call: single-turn tasks go through the
 bulk path (``collect`` + ``check_all``, the one-step case done in one batch), multi-turn tasks
@@ -27,10 +30,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlvr.envs.base import NATURAL_FINISHES, EnvConfig, Environment, env_name, is_multi_turn, make_env
+from rlvr.envs.base import (
+    NATURAL_FINISHES,
+    EnvConfig,
+    Environment,
+    env_name,
+    is_multi_turn,
+    make_env,
+)
 from rlvr.envs.tokens import observation_ids
 from rlvr.model.tokenizer import encode_chat_prompt
 from rlvr.rollout.collect import collect
+from rlvr.rollout.decoder import KVPrefix
 from rlvr.rollout.engine import SamplingParams, generate
 from rlvr.types import Message, Task, Trajectory, Verdict
 from rlvr.verifiers import check_all
@@ -87,6 +98,7 @@ class _Live:
     policy_tokens: int = 0
     last_text: str = ""
     done: bool = False
+    cache: KVPrefix | None = None  # K/V of a prefix of ``ids`` from the last turn
 
     def append(self, source: str, ids: list[int], logprobs: list[float] | None = None) -> None:
         self.ids += ids
@@ -105,9 +117,12 @@ def collect_episodes(
     policy_version: int = 0,
     batch_size: int | None = None,
     workers: int = 8,
+    reuse_cache: bool = True,
 ) -> list[Episode]:
     """Play ``params.n`` episodes per task (task-major; ``group_id`` = task index). The per-turn
-    budget is ``pool.cfg.turn_tokens`` (``params.max_new_tokens`` is ignored)."""
+    budget is ``pool.cfg.turn_tokens`` (``params.max_new_tokens`` is ignored). ``reuse_cache``:
+    a turn starts from the K/V of the episode's previous turns (False: runs the whole
+    conversation again each turn; the same tokens up to float rounding)."""
     cfg = pool.cfg
     n = params.n
     envs = pool.take([env_name(t) for t in tasks for _ in range(n)])
@@ -129,7 +144,8 @@ def collect_episodes(
             if not active:
                 break
             start = time.perf_counter()
-            turns = _generate_turn(model, tokenizer, active, params, cfg, limit, generator, batch_size)
+            turns = _generate_turn(model, tokenizer, active, params, cfg, limit, generator, batch_size,
+                                   reuse_cache)
             timings["generate_s"] += time.perf_counter() - start
             start = time.perf_counter()
             stepping = []
@@ -141,16 +157,17 @@ def collect_episodes(
                 if cut:
                     e.env.cut(cut)
                     e.done = True
+                    e.cache = None
                 else:
                     stepping.append(e)
             for e, step in zip(stepping, threads.map(lambda e: e.env.step(e.last_text), stepping)):
                 if step.done:
-                    e.done = True
+                    e.done, e.cache = True, None
                     continue
                 obs = observation_ids(tokenizer, e.messages, step.observation, e.tools)
                 if len(e.ids) + len(obs) >= limit:  # no room for the observation and a reply
                     e.env.cut("context")
-                    e.done = True
+                    e.done, e.cache = True, None
                     continue
                 e.messages += step.observation
                 e.append("env", obs)
@@ -174,8 +191,10 @@ def _has_budget(e: _Live, cfg: EnvConfig, limit: int) -> bool:
 
 
 def _generate_turn(model, tokenizer, active: list[_Live], params: SamplingParams, cfg: EnvConfig,
-                   limit: int, generator, batch_size) -> list[tuple[list[int], list[float], str]]:
-    """One assistant turn per active episode: (ids, logprobs, cut reason or "")."""
+                   limit: int, generator, batch_size, reuse_cache: bool = True,
+                   ) -> list[tuple[list[int], list[float], str]]:
+    """One assistant turn per active episode: (ids, logprobs, cut reason or ""); with
+    ``reuse_cache`` each episode's ``cache`` is read and replaced."""
     budgets = []
     for e in active:
         options = [(cfg.turn_tokens, "length"), (cfg.max_tokens - e.policy_tokens, "tokens"),
@@ -189,12 +208,17 @@ def _generate_turn(model, tokenizer, active: list[_Live], params: SamplingParams
     k = sizes.pop() if len(sizes) == 1 else 1
     prompts = list(groups) if k > 1 else [tuple(e.ids) for e in active]
     order = [r for rows in groups.values() for r in rows] if k > 1 else list(range(len(active)))
+    firsts = [rows[0] for rows in groups.values()] if k > 1 else order  # a row of each prompt
+    past = [active[r].cache for r in firsts] if reuse_cache else None
     turn_params = SamplingParams(max_new_tokens=max(b for b, _ in budgets), temperature=params.temperature,
                                  top_p=params.top_p, n=k, stop_token_ids=params.stop_token_ids)
     completions = generate(model, prompts, turn_params, generator=generator,
-                           pad_token_id=tokenizer.pad_token_id, batch_size=batch_size)
+                           pad_token_id=tokenizer.pad_token_id, batch_size=batch_size,
+                           past=past if past and any(c is not None for c in past) else None,
+                           keep_cache=reuse_cache)
     out: list[tuple[list[int], list[float], str] | None] = [None] * len(active)
     for r, c in zip(order, completions):
+        active[r].cache = c.cache
         budget, reason = budgets[r]
         ids, logprobs = c.token_ids[:budget], c.logprobs[:budget]
         stopped = c.finish_reason == "stop" and len(c.token_ids) <= budget
