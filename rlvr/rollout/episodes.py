@@ -13,7 +13,8 @@ re-tokenised from text (``rlvr.envs.tokens``). Each episode keeps the K/V its la
 and the observation), not the whole conversation again (``reuse_cache``).
 
 Budgets: a turn may use ``turn_tokens``, an episode ``max_tokens`` policy tokens and
-``max_context`` tokens in all (capped by the model's context length); running out cuts the episode (``finish``: length / tokens / context), which then fails.
+``max_context`` tokens in all (capped by the model's context length); running out cuts the
+episode (``finish``: length / tokens / context), which then fails.
 
 ``run_tasks``/``judge`` are what the trainer and eval call: single-turn tasks go through the
 bulk path (``collect`` + ``check_all``, the one-step case done in one batch), multi-turn tasks
@@ -30,14 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlvr.envs.base import (
-    NATURAL_FINISHES,
-    EnvConfig,
-    Environment,
-    env_name,
-    is_multi_turn,
-    make_env,
-)
+from rlvr.envs.base import NATURAL_FINISHES, EnvConfig, Environment, env_name, is_multi_turn, make_env
 from rlvr.envs.tokens import observation_ids
 from rlvr.model.tokenizer import encode_chat_prompt
 from rlvr.rollout.collect import collect
