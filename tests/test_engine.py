@@ -188,6 +188,11 @@ def test_bad_params_are_rejected():
         SamplingParams(temperature=-1.0)
 
 
+def test_past_must_have_one_entry_per_prompt(model, prompts):
+    with pytest.raises(ValueError, match="past has 1 entries for 4 prompts"):
+        generate(model, prompts, greedy_params(2), pad_token_id=PAD, past=[None])
+
+
 # -- the fast decoder ---------------------------------------------------------------------------
 
 
