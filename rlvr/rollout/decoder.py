@@ -284,7 +284,7 @@ class DecodeState:
                         V[j, :, s0:s0 + m] = past[j].v[li][:, :m]
                 K[:, :, W - C:], V[:, :, W - C:] = k, v
                 k, v = K, V
-            if not (direct and C < W):
+            if not (direct and C < W):  # (direct with a prefix: K/V were written in place above)
                 self.k[li][:, :, :W] = k.index_select(0, expand)
                 self.v[li][:, :, :W] = v.index_select(0, expand)
             if f.rep > 1:
