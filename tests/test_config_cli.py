@@ -51,6 +51,20 @@ def test_config_errors_name_the_key(override, needle):
     assert needle in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        (["domain_weights={tool.use: 2}"], "config key 'domain_weights' = 'tool.use' is not allowed; choose one of"),
+        (["domain_weights={math.arith: -1}"], "config key 'domain_weights.math.arith' = -1.0 must be in [0.0, inf]"),
+        (["domain_weights={math.arith: 0, math.word: 0}"], "config key 'domain_weights': every training domain"),
+    ],
+)
+def test_domain_weights_are_checked(override, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(GRPOConfig, None, override)
+    assert needle in str(err.value)
+
+
 def test_resolved_config_roundtrips(tmp_path):
     cfg = load_config(GRPOConfig, None, ["algo.advantage=rloo", "rollout.samples_per_task=4"])
     save_config(cfg, tmp_path / "config.yaml")

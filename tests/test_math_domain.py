@@ -16,7 +16,9 @@ from rlvr.tasks.math_arith import one_step_level
 import rlvr.tasks  # noqa: F401  (registers the built-in domains)
 import rlvr.verifiers  # noqa: F401
 from rlvr.errors import UserError
-from rlvr.tasks.base import DOMAINS, Domain, Problem, check_disjoint, generate_tasks, seeded_rng, split_of
+from rlvr.tasks.base import (
+    DOMAINS, Domain, Problem, check_disjoint, generate_tasks, seeded_rng, split_of, weighted_counts,
+)
 from rlvr.tasks.math_word import NAMES
 from rlvr.types import Spec
 from rlvr.verifiers import get_verifier
@@ -166,6 +168,24 @@ def test_generate_tasks_levels_filter():
     assert {t.level for t in tasks} == {2, 4} and {t.domain for t in tasks} == set(MATH)
     with pytest.raises(UserError):
         generate_tasks(MATH, "eval", 4, seed=0, levels=[7])
+
+
+def test_generate_tasks_weights_split_the_pool_between_domains():
+    tasks = generate_tasks(MATH, "train", 40, seed=0, weights={"math.arith": 3})
+    arith = [t for t in tasks if t.domain == "math.arith"]
+    assert len(arith) == 30 and len(tasks) == 40
+    # each domain's share is what it gives alone: the weights never change which tasks exist
+    assert arith == generate_tasks("math.arith", "train", 30, seed=0)
+    assert [t for t in tasks if t.domain == "math.word"] == generate_tasks("math.word", "train", 10, seed=0)
+    assert not [t for t in generate_tasks(MATH, "train", 8, seed=0, weights={"math.word": 0})
+                if t.domain == "math.word"]
+
+
+def test_weighted_counts_sum_to_n_by_largest_remainder():
+    assert weighted_counts(10, [1, 1, 1]) == [4, 3, 3]
+    assert weighted_counts(6400, [3, 1]) == [4800, 1600]
+    assert weighted_counts(7, [0, 2, 5]) == [0, 2, 5]
+    assert weighted_counts(5, [1, 2]) == [2, 3]
 
 
 # ---------------------------------------------------------------- corpus

@@ -146,14 +146,21 @@ class Domain:
 
 
 def generate_tasks(
-    domains: list[str] | str, split: str, n: int, seed: int, levels: list[int] | None = None
+    domains: list[str] | str, split: str, n: int, seed: int, levels: list[int] | None = None,
+    weights: dict[str, float] | None = None,
 ) -> list[Task]:
     """``n`` tasks, round-robin over (domain, level), without duplicate keys. Deterministic.
 
     A (domain, level) that yields ``MAX_DUPLICATES`` duplicates in a row is exhausted; the
     remaining slots are filled from the others. Raises ``UserError`` if all are exhausted.
+    ``weights`` (domain -> relative share, missing domains weigh 1) splits ``n`` between the
+    domains first (largest remainder); each domain's tasks are then the ones it would give alone,
+    grouped by domain (a ``TaskPool`` shuffles them).
     """
     names = [domains] if isinstance(domains, str) else list(domains)
+    if weights:
+        counts = weighted_counts(n, [float(weights.get(name, 1.0)) for name in names])
+        return [t for name, k in zip(names, counts) if k for t in generate_tasks(name, split, k, seed, levels)]
     slots = [
         (DOMAINS.get(name), level)
         for name in names
@@ -181,6 +188,17 @@ def generate_tasks(
         else:
             active.remove(slot)
     return tasks
+
+
+def weighted_counts(n: int, weights: list[float]) -> list[int]:
+    """``n`` split in proportion to ``weights`` (largest remainder; ties to the earlier entry)."""
+    total = sum(weights)
+    exact = [n * w / total for w in weights]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: counts[i] - exact[i])
+    for i in by_remainder[: n - sum(counts)]:
+        counts[i] += 1
+    return counts
 
 
 def check_disjoint(train: list[Task], eval: list[Task]) -> None:

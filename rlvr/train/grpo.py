@@ -34,6 +34,7 @@ from rlvr.algos.kl import KL_ESTIMATORS, logprob_mismatch_kl
 from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES
 from rlvr.algos.penalties import truncated_is_weights
 from rlvr.config import check_choice, check_range
+from rlvr.errors import ConfigError
 from rlvr.curriculum.pool import TaskPool
 from rlvr.eval.evaluate import EvalConfig, evaluate
 from rlvr.model.checkpoint import (
@@ -146,6 +147,9 @@ class GRPOConfig:
     """Difficulty levels in the pool."""
     train_tasks: int = 4000
     """Size of the training task pool (train split)."""
+    domain_weights: dict[str, float] = field(default_factory=dict)
+    """Relative share of each training domain in the pool, e.g. ``{code.repair: 3}`` (a domain
+    not named weighs 1; empty: equal shares)."""
     task_files: list[str] = field(default_factory=list)
     """JSONL task files (HumanEval-style or rlvr's own) added to the pool. A malformed line stops
     the run naming file, line and field; a task whose reference fails its own tests is dropped,
@@ -176,6 +180,11 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         check_range("steps", self.steps, 1)
         check_range("checkpoint_every", self.checkpoint_every, 1)
+        for name, w in self.domain_weights.items():
+            check_choice("domain_weights", name, self.domains)
+            check_range(f"domain_weights.{name}", w, 0.0)
+        if self.domain_weights and not any(self.domain_weights.get(d, 1.0) > 0 for d in self.domains):
+            raise ConfigError("config key 'domain_weights': every training domain weighs 0")
 
 
 # --------------------------------------------------------------------------- the story
@@ -272,7 +281,8 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
         getattr(DOMAINS.get(d), "needs_sandbox", False) for d in cfg.domains)
     # The process-wide sandbox (the code verifier runs there), opened with this run's config.
     sandbox = shared_sandbox(cfg.sandbox, run_dir) if needs_sandbox else None
-    tasks = generate_tasks(cfg.domains, "train", cfg.train_tasks, seed=cfg.seed, levels=cfg.levels)
+    tasks = generate_tasks(cfg.domains, "train", cfg.train_tasks, seed=cfg.seed, levels=cfg.levels,
+                           weights=cfg.domain_weights)
     for path in cfg.task_files:
         tasks += load_task_file(path)[0]
     per_step = cfg.rollout.tasks_per_step * cfg.rollout.samples_per_task
