@@ -34,8 +34,8 @@ from rlvr.algos.kl import KL_ESTIMATORS, logprob_mismatch_kl
 from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES
 from rlvr.algos.penalties import truncated_is_weights
 from rlvr.config import check_choice, check_range
-from rlvr.errors import ConfigError
 from rlvr.curriculum.pool import TaskPool
+from rlvr.errors import ConfigError
 from rlvr.eval.evaluate import EvalConfig, evaluate
 from rlvr.model.checkpoint import (
     latest_checkpoint,
