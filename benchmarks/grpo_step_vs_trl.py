@@ -12,7 +12,10 @@ reward (``digit_reward``: share of digit characters in the completion text, a ch
 format check computed by the same Python function on both sides; rlvr's verifier pipeline is not
 exercised), group-normalised advantages, PPO-clip with eps 0.2 / 0.28, token-mean loss, beta = 0
 (no reference model), AdamW with one optimizer step per GRPO step over all 64 completions
-(rlvr: drop_zero_variance off, so both update on all 64), gradient clipping at 1.0, fp32.
+(rlvr: drop_zero_variance off, so both update on all 64), gradient clipping at 1.0, fp32
+(``--bf16``: both sides in their bf16 mixed precision: TRL ``bf16=True``, i.e. accelerate's
+autocast; rlvr ``rollout.precision`` and ``algo.precision`` = bf16; fp32 weights on both, and the
+matmul fraction is then of the bf16 GEMM rate).
 TRL: per_device_train_batch_size 64, gradient_accumulation 1, steps_per_generation 1,
 num_iterations 1 (so no extra old-policy forward, as in rlvr), plain ``model.generate``, no vLLM,
 gradient checkpointing off (TRL's GRPOConfig turns it on by default, which recomputes the forward
@@ -115,7 +118,7 @@ class Clock:
 
 class RlvrSide:
     def __init__(self, model_dir: str, out: str, tasks, seed: int, packing: bool = True,
-                 share_prompts: bool = True) -> None:
+                 share_prompts: bool = True, precision: str = "model") -> None:
         import rlvr.train.grpo as grpo
         from rlvr.train.common import OptimConfig
 
@@ -123,9 +126,9 @@ class RlvrSide:
         self.cfg = grpo.GRPOConfig(
             model=model_dir, out=out, seed=seed, domains=["math.arith"], train_tasks=8, steps=10_000,
             rollout=grpo.RolloutConfig(tasks_per_step=8, samples_per_task=8, max_new_tokens=32, temperature=1.0,
-                                       top_p=1.0, batch_size=64),
+                                       top_p=1.0, batch_size=64, precision=precision),
             algo=grpo.AlgoConfig(drop_zero_variance=False, clip_low=0.2, clip_high=0.28, microbatch_size=64,
-                                 packing=packing, share_prompts=share_prompts),
+                                 packing=packing, share_prompts=share_prompts, precision=precision),
             optim=OptimConfig(lr=1e-6, warmup_steps=0, grad_clip=1.0), checkpoint_every=10_000,
             save_trajectories_every=10_000)
         self.run = grpo.setup(self.cfg, resume=False)
@@ -186,7 +189,8 @@ def trl_reward(completions, **kwargs) -> list[float]:
     return [digit_reward(t) for t in texts]
 
 
-def build_trl(model_dir: str, out: str, tasks, seed: int, max_steps: int, callback, checkpointing: bool = False):
+def build_trl(model_dir: str, out: str, tasks, seed: int, max_steps: int, callback, checkpointing: bool = False,
+              bf16: bool = False):
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -198,7 +202,7 @@ def build_trl(model_dir: str, out: str, tasks, seed: int, max_steps: int, callba
         per_device_train_batch_size=64, gradient_accumulation_steps=1, steps_per_generation=1, num_generations=8,
         num_iterations=1, max_completion_length=32, temperature=1.0, top_p=1.0, top_k=0, beta=0.0,
         epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group", use_vllm=False,
-        use_cpu=True, bf16=False, fp16=False, report_to="none", logging_steps=10**6, save_strategy="no",
+        use_cpu=True, bf16=bf16, fp16=False, report_to="none", logging_steps=10**6, save_strategy="no",
         disable_tqdm=True, dataloader_num_workers=0, log_completions=False,
         gradient_checkpointing=checkpointing,  # TRL's GRPOConfig defaults to True: recomputes the forward
     )
@@ -246,6 +250,8 @@ def main() -> None:
     ap.add_argument("--no-packing", action="store_true", help="rlvr with algo.packing=false (the plain padded forward)")
     ap.add_argument("--no-share-prompts", action="store_true",
                     help="rlvr with algo.share_prompts=false (each sample runs its own prompt)")
+    ap.add_argument("--bf16", action="store_true",
+                    help="both sides in bf16 mixed precision (TRL bf16=True; rlvr rollout/algo precision bf16)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     rounds = a.rounds or (4 if a.size == "small" else 3)
@@ -273,7 +279,8 @@ def main() -> None:
 
     torch.manual_seed(a.seed)
     rl = RlvrSide(model_dir, str(Path(tmp) / "rlvr"), tasks, a.seed, packing=not a.no_packing,
-                  share_prompts=not a.no_share_prompts)
+                  share_prompts=not a.no_share_prompts, precision="bf16" if a.bf16 else "model")
+    gemm = torch.bfloat16 if a.bf16 else torch.float32
     trl_clock = Clock()
     results = {"rlvr": [], "trl": []}
     rates: list[float] = []
@@ -302,11 +309,11 @@ def main() -> None:
             if self.count == a.warmup:
                 for _ in range(a.warmup):
                     rl.step()
-                rates.append(matmul_rate())
+                rates.append(matmul_rate(dtype=gemm))
             elif self.count > a.warmup and (self.count - a.warmup) % per_round == 0:
                 for _ in range(per_round):
                     results["rlvr"].append(rl.step())
-                rates.append(matmul_rate())
+                rates.append(matmul_rate(dtype=gemm))
                 print(f"  round {(self.count - a.warmup) // per_round}/{rounds}: "
                       f"trl {statistics.median(r[0] for r in results['trl']):.3f} s/step, "
                       f"rlvr {statistics.median(r[0] for r in results['rlvr']):.3f} s/step", flush=True)
@@ -314,10 +321,10 @@ def main() -> None:
 
     callback = Alternate()
     trainer = build_trl(model_dir, str(Path(tmp) / "trl"), tasks, a.seed, a.warmup + rounds * per_round, callback,
-                        checkpointing=a.trl_gradient_checkpointing)
+                        checkpointing=a.trl_gradient_checkpointing, bf16=a.bf16)
     instrument_trl(trainer, trl_clock)
     print(f"grpo step vs TRL {trl.__version__}: {a.size} model ({params / 1e6:.2f}M params), 8 prompts x 8 samples "
-          f"x <= 32 new tokens; {machine_note()}", flush=True)
+          f"x <= 32 new tokens, {'bf16 mixed precision' if a.bf16 else 'fp32'}; {machine_note()}", flush=True)
     trainer.train()
 
     rate = statistics.median(rates)
@@ -337,13 +344,14 @@ def main() -> None:
     print()
     print_table(rows, ["side", "s/step", *PHASES, "fwd+bwd GF/s", "of matmul"])
     print(f"\nrlvr is {speedup:.2f}x faster per step (median of {len(results['rlvr'])} steps each side); "
-          f"matmul rate {rate:.0f} GFLOP/s (median of {len(rates)}: {', '.join(f'{r:.0f}' for r in rates)}); "
+          f"{'bf16' if a.bf16 else 'fp32'} matmul rate {rate:.0f} GFLOP/s (median of {len(rates)}: {', '.join(f'{r:.0f}' for r in rates)}); "
           f"{machine_note()}")
     write_json(a.json, {"size": a.size, "params": params, "trl_version": trl.__version__, "speedup": speedup,
                         "matmul_rate_gflops": rate, "matmul_rates": rates, "machine": machine_note(),
                         "threads": torch.get_num_threads(), "rlvr_packing": not a.no_packing,
                         "rlvr_share_prompts": not a.no_share_prompts,
-                        "trl_gradient_checkpointing": a.trl_gradient_checkpointing, **summary})
+                        "trl_gradient_checkpointing": a.trl_gradient_checkpointing,
+                        "precision": "bf16" if a.bf16 else "fp32", **summary})
 
 
 if __name__ == "__main__":

@@ -12,10 +12,14 @@ process and alternated every round (the order rotates so none always runs first)
   min_new_tokens=32, top_k=0)`` on the left-padded prompts (the baseline);
 - ``rlvr_fast``: ``rlvr.rollout.engine.generate`` with its own decoder (``backend="fast"``);
 - ``rlvr_hf_forward``: the same engine running the Hugging Face forward (``backend="hf"``),
-  the engine before the fast decoder, for reference.
+  the engine before the fast decoder, for reference;
+- bf16 (unless ``--no-bf16``): ``hf_generate_bf16`` = ``model.generate`` on a bfloat16 copy of
+  the model (how a user runs transformers in bf16), and ``rlvr_fast_bf16`` = the engine with
+  ``SamplingParams(precision="bf16")`` on the fp32 model (bf16 GEMMs, the rest fp32).
 
-Reports the median generated tokens/s per side, the ratio to ``hf_generate`` and the fraction of
-the machine's fp32 matmul rate (``model_flops_per_token x tokens/s / matmul_rate()``, the rate
+Reports the median generated tokens/s per side, the ratio to ``hf_generate`` (fp32) and to the
+``model.generate`` of the same precision, and the fraction of the machine's matmul rate in the
+side's GEMM dtype (``model_flops_per_token x tokens/s / matmul_rate()``, the fp32 and bf16 rates
 measured before and after in the same run), with the idle CPU at the start.
 """
 
@@ -54,7 +58,10 @@ def bench_prompts(tokenizer) -> list[list[int]]:
     return [list(encode_chat_prompt(tokenizer, list(t.prompt))) for t in tasks]
 
 
-def make_sides(model, tokenizer, prompts):
+def make_sides(model, tokenizer, prompts, bf16: bool = False):
+    import copy
+    import dataclasses
+
     import torch
 
     from rlvr.rollout.engine import SamplingParams, generate
@@ -67,37 +74,54 @@ def make_sides(model, tokenizer, prompts):
         ids[k, width - len(p):], mask[k, width - len(p):] = torch.tensor(p), 1
     params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.0, top_p=1.0, n=SAMPLES, stop_token_ids=())
 
-    def hf_generate(seed: int) -> int:
-        torch.manual_seed(seed)
-        with torch.inference_mode():
-            out = model.generate(
-                input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                num_return_sequences=SAMPLES, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                pad_token_id=pad,
-            )
-        new = out.shape[1] - width
-        assert out.shape[0] == PROMPTS * SAMPLES and new == NEW_TOKENS, out.shape
-        return out.shape[0] * new
+    def hf(m):
+        def hf_generate(seed: int) -> int:
+            return _hf_generate(m, ids, mask, pad, width, seed)
+        return hf_generate
 
-    def engine(backend: str):
+    def engine(backend: str, precision: str = "model"):
+        p = dataclasses.replace(params, precision=precision)
+
         def run(seed: int) -> int:
             g = torch.Generator().manual_seed(seed)
-            out = generate(model, prompts, params, generator=g, pad_token_id=pad, backend=backend)
+            out = generate(model, prompts, p, generator=g, pad_token_id=pad, backend=backend)
             assert len(out) == PROMPTS * SAMPLES and all(len(c.token_ids) == NEW_TOKENS for c in out)
             return sum(len(c.token_ids) for c in out)
         return run
 
-    return {"hf_generate": hf_generate, "rlvr_fast": engine("fast"), "rlvr_hf_forward": engine("hf")}
+    sides = {"hf_generate": hf(model), "rlvr_fast": engine("fast"), "rlvr_hf_forward": engine("hf")}
+    if bf16:
+        sides.update(hf_generate_bf16=hf(copy.deepcopy(model).to(torch.bfloat16)),
+                     rlvr_fast_bf16=engine("fast", "bf16"))
+    return sides
 
 
-def measure(size: str, rounds: int, tokenizer) -> tuple[list[dict], dict]:
+def _hf_generate(model, ids, mask, pad: int, width: int, seed: int) -> int:
+    import torch
+
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+            num_return_sequences=SAMPLES, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+            pad_token_id=pad,
+        )
+    new = out.shape[1] - width
+    assert out.shape[0] == PROMPTS * SAMPLES and new == NEW_TOKENS, out.shape
+    return out.shape[0] * new
+
+
+def measure(size: str, rounds: int, tokenizer, bf16: bool = False) -> tuple[list[dict], dict]:
+    import torch
+
     model = bench_model(size, tokenizer).eval()
     prompts = bench_prompts(tokenizer)
-    sides = make_sides(model, tokenizer, prompts)
+    sides = make_sides(model, tokenizer, prompts, bf16)
     names = list(sides)
     for name in names:  # warm-up (allocator, first-call costs), not timed
         sides[name](0)
     rate_before = matmul_rate()
+    bf16_before = matmul_rate(dtype=torch.bfloat16) if bf16 else None
     times: dict[str, list[float]] = {n: [] for n in names}
     tokens = {}
     for r in range(rounds):
@@ -107,21 +131,28 @@ def measure(size: str, rounds: int, tokenizer) -> tuple[list[dict], dict]:
             tokens[name] = sides[name](r + 1)
             times[name].append(time.perf_counter() - t0)
     rate_after = matmul_rate()
-    rate = statistics.median([rate_before, rate_after]) * 1e9
+    bf16_after = matmul_rate(dtype=torch.bfloat16) if bf16 else None
+    rates = {"fp32": statistics.median([rate_before, rate_after]) * 1e9}
+    if bf16:
+        rates["bf16"] = statistics.median([bf16_before, bf16_after]) * 1e9
     flops = model_flops_per_token(model)
-    base = tokens["hf_generate"] / statistics.median(times["hf_generate"])
+    tps = {name: tokens[name] / statistics.median(times[name]) for name in names}
     rows = []
     for name in names:
-        tps = tokens[name] / statistics.median(times[name])
+        precision = "bf16" if name.endswith("_bf16") else "fp32"
+        same = "hf_generate_bf16" if precision == "bf16" else "hf_generate"
         rows.append({
-            "size": size, "side": name, "tokens_per_s": round(tps, 1),
+            "size": size, "side": name, "gemm": precision, "tokens_per_s": round(tps[name], 1),
             "median_s": round(statistics.median(times[name]), 4),
-            "ratio_vs_hf_generate": round(tps / base, 2),
-            "matmul_fraction": round(flops * tps / rate, 4),
+            "ratio_vs_hf_generate": round(tps[name] / tps["hf_generate"], 2),
+            "ratio_vs_same_precision": round(tps[name] / tps[same], 2),
+            "matmul_fraction": round(flops * tps[name] / rates[precision], 4),
         })
     meta = {"size": size, "params": num_params(model), "flops_per_token": flops,
             "prompt_lengths": [len(p) for p in prompts], "rounds": rounds,
             "matmul_gflops_before": round(rate_before, 1), "matmul_gflops_after": round(rate_after, 1),
+            "bf16_matmul_gflops_before": bf16_before and round(bf16_before, 1),
+            "bf16_matmul_gflops_after": bf16_after and round(bf16_after, 1),
             "times_s": {n: [round(t, 4) for t in ts] for n, ts in times.items()}}
     return rows, meta
 
@@ -132,6 +163,8 @@ def main() -> None:
     parser.add_argument("--size", action="append", choices=["small", "medium", "large"],
                         help="model size(s); default small")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--no-bf16", dest="bf16", action="store_false",
+                        help="skip the bf16 sides (for CPUs without bf16 GEMMs)")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
 
@@ -147,15 +180,18 @@ def main() -> None:
     tokenizer = bench_tokenizer()
     rows, metas = [], []
     for size in args.size or ["small"]:
-        r, m = measure(size, args.rounds, tokenizer)
+        r, m = measure(size, args.rounds, tokenizer, args.bf16)
         rows += r
         metas.append(m)
     print(f"\nrollout throughput: {PROMPTS} prompts x {SAMPLES} samples x {NEW_TOKENS} new tokens, "
           f"temperature 1; median of {args.rounds} rounds")
-    print_table(rows, ["size", "side", "tokens_per_s", "median_s", "ratio_vs_hf_generate", "matmul_fraction"])
+    print_table(rows, ["size", "side", "gemm", "tokens_per_s", "median_s", "ratio_vs_hf_generate",
+                       "ratio_vs_same_precision", "matmul_fraction"])
     for m in metas:
-        print(f"{m['size']}: {m['params'] / 1e6:.2f}M params, matmul rate {m['matmul_gflops_before']:.0f} -> "
-              f"{m['matmul_gflops_after']:.0f} GFLOP/s (before -> after)")
+        bf = (f", bf16 {m['bf16_matmul_gflops_before']:.0f} -> {m['bf16_matmul_gflops_after']:.0f}"
+              if m["bf16_matmul_gflops_before"] else "")
+        print(f"{m['size']}: {m['params'] / 1e6:.2f}M params, matmul rate fp32 {m['matmul_gflops_before']:.0f} -> "
+              f"{m['matmul_gflops_after']:.0f}{bf} GFLOP/s (before -> after)")
     print(f"machine: {note}; idle CPU at start {idle:.0%}")
     write_json(args.json_path, {"benchmark": "rollout_throughput", "rows": rows, "meta": metas,
                                 "idle_cpu": idle, "machine": note, "threads": torch.get_num_threads()})

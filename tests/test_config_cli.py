@@ -70,6 +70,13 @@ def test_registry_choice_validated():
         load_config(GRPOConfig, None, ["algo.advantage=ppo"])
 
 
+@pytest.mark.parametrize("key", ["rollout.precision", "algo.precision"])
+def test_precision_choice_validated(key):
+    with pytest.raises(ConfigError, match=f"{key}.*choose one of: \\['model', 'bf16'\\]"):
+        load_config(GRPOConfig, None, [f"{key}=fp16"])
+    assert load_config(GRPOConfig, None, [f"{key}=bf16"]) is not None
+
+
 @pytest.mark.parametrize(
     "argv, needle",
     [

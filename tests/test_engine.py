@@ -330,7 +330,7 @@ def _same_up_to_ties(m, prompt, a, b, tol=0.02):
     if j is None:
         return len(a) == len(b)  # same prefix, so the same stop token ended both
     with torch.no_grad():
-        logits = m(torch.tensor([list(prompt) + a[:j]], device="cuda")).logits[0, -1].float()
+        logits = m(torch.tensor([list(prompt) + a[:j]], device=next(m.parameters()).device)).logits[0, -1].float()
     top = logits.topk(2).values
     return float(top[0] - top[1]) <= tol
 
@@ -477,3 +477,40 @@ def test_completion_cache_equals_a_fresh_prefill(model, prompts):
                   generator=torch.Generator().manual_seed(0))
     assert all(c.cache is None for c in hf)
     assert [c.token_ids for c in hf] == [c.token_ids for c in out]
+
+
+@BACKENDS
+def test_bf16_precision_samples_near_the_fp32_policy(model, prompts, backend):
+    """``precision="bf16"`` on an fp32 model: the GEMMs run in bf16 (the fast decoder's weights are
+    bf16 copies; the hf backend runs under autocast), so logprobs move off the fp32 forward by bf16
+    rounding, and no further; the parameters themselves are untouched."""
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, n=3, stop_token_ids=(), precision="bf16")
+    got = generate(model, prompts, params, generator=torch.Generator().manual_seed(0), pad_token_id=PAD,
+                   backend=backend)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    seqs = [prompts[c.prompt_index] + c.token_ids for c in got]
+    ids, mask = _right_padded(seqs)
+    with torch.no_grad():
+        lp = sequence_logprobs(model, ids, mask)
+    diffs = torch.cat([(lp[r, len(prompts[c.prompt_index]):][: len(c.token_ids)] - torch.tensor(c.logprobs)).abs()
+                       for r, c in enumerate(got)])
+    assert diffs.max() > 1e-5, "bf16 GEMMs should round the logits: did it run in fp32?"
+    assert diffs.max() < 0.1 and diffs.mean() < 0.02, (diffs.max(), diffs.mean())
+
+
+def test_bf16_fast_decoder_weights_and_greedy(model, prompts):
+    """The fast decoder's matrices are bf16 copies (norms, embeddings and the cache stay fp32) and
+    greedy decoding follows the fp32 path except at near-ties."""
+    f = decoder.FastLlama(model, torch.bfloat16)
+    assert {f.lm_head.dtype, f.layers[0].wqkv.dtype, f.layers[0].wgu.dtype, f.layers[0].wd.dtype} == {torch.bfloat16}
+    assert f.embed.dtype == f.norm.dtype == f.start(2, 8).k[0].dtype == torch.float32
+    fp32 = generate(model, prompts, greedy_params(8), pad_token_id=PAD, backend="fast")
+    bf16 = generate(model, prompts, SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=(),
+                                                   precision="bf16"), pad_token_id=PAD, backend="fast")
+    for a, b in zip(fp32, bf16):
+        assert _same_up_to_ties(model, prompts[a.prompt_index], a.token_ids, b.token_ids, tol=0.1)
+
+
+def test_unknown_precision_is_rejected():
+    with pytest.raises(ValueError, match="precision must be one of model, bf16; got 'fp8'"):
+        SamplingParams(precision="fp8")

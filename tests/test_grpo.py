@@ -60,20 +60,58 @@ def _cfg(model_dir, out, **extra):
     return load_config(GRPOConfig, None, overrides)
 
 
-def test_grpo_changes_every_parameter_and_raises_reward(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("extra", [{}, {"rollout.precision": "bf16", "algo.precision": "bf16"}], ids=["fp32", "bf16"])
+def test_grpo_changes_every_parameter_and_raises_reward(tiny_model_dir, tmp_path, extra):
     import torch
     from rlvr.model.load import load_model
     from rlvr.train.grpo import run_grpo
 
-    cfg = _cfg(tiny_model_dir, tmp_path / "run", steps=12)
+    cfg = _cfg(tiny_model_dir, tmp_path / "run", steps=12, **extra)
     run_grpo(cfg, progress=False)
     before = dict(load_model(tiny_model_dir).named_parameters())
     after = dict(load_model(tmp_path / "run" / "final").named_parameters())
     unchanged = [n for n, p in after.items() if torch.equal(p, before[n])]
     assert not unchanged, f"parameters that did not change: {unchanged}"
-    rewards = [m["rollout/reward_mean"] for m in read_metrics(tmp_path / "run")]
+    metrics = read_metrics(tmp_path / "run")
+    rewards = [m["rollout/reward_mean"] for m in metrics]
     assert len(rewards) == 12
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.05, rewards
+    assert all(p.dtype == torch.float32 for p in after.values())  # bf16 is compute only
+    mismatch = max(m["rollout/logprob_mismatch_kl"] for m in metrics)
+    assert (mismatch < 1e-8) if not extra else (1e-8 < mismatch < 1e-2), mismatch
+
+
+def test_bf16_training_forward_is_close_to_fp32(tiny_model_dir):
+    """``algo.precision: bf16``: log-probs and gradients of the autocast forward match fp32 up to
+    bf16 rounding (and are not bitwise fp32: autocast really ran)."""
+    import torch
+    from rlvr.model.load import load_model
+    from rlvr.train.batching import collate
+    from rlvr.train.grpo import AlgoConfig, logprobs_of
+    from rlvr.types import Trajectory
+
+    model = load_model(tiny_model_dir)
+    g = torch.Generator().manual_seed(0)
+    trajs = []
+    for i in range(6):
+        prompt, resp = torch.randint(5, 100, (7 + i,), generator=g).tolist(), torch.randint(5, 100, (9,), generator=g).tolist()
+        trajs.append(Trajectory(task_id=str(i), group_id=i // 3, messages=(), completion="", token_ids=tuple(prompt + resp),
+                                loss_mask=(0,) * len(prompt) + (1,) * len(resp), logprobs=(0.0,) * (len(prompt) + len(resp)),
+                                finish_reason="length"))
+    batch = collate(trajs, [1.0, -1.0, 0.5, 0.2, -0.3, 0.1], 0)
+    out = {}
+    for precision in ("model", "bf16"):
+        model.zero_grad()
+        lp = logprobs_of(model, batch, AlgoConfig(precision=precision))
+        (lp * batch.loss_mask).sum().backward()
+        out[precision] = (lp.detach(), torch.cat([p.grad.flatten() for p in model.parameters()]))
+        assert lp.dtype == torch.float32
+    (lp32, g32), (lp16, g16) = out["model"], out["bf16"]
+    mask = batch.loss_mask > 0
+    diff = (lp32 - lp16)[mask].abs()
+    assert 0 < diff.max() < 0.1 and diff.mean() < 0.02, diff
+    cos = torch.nn.functional.cosine_similarity(g32, g16, dim=0)
+    assert cos > 0.99, cos
 
 
 @pytest.mark.parametrize("extra", [{}, {"algo.advantage": "rloo", "algo.aggregation": "seq_mean_token_mean",

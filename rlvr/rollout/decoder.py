@@ -144,7 +144,7 @@ class FastLlama:
     transposed views, or per-call fused/transposed copies; see the module docstring), and its
     static shapes."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, matmul_dtype: torch.dtype | None = None):
         cfg, inner = model.config, model.model
         att0 = inner.layers[0].self_attn
         self.dtype = inner.embed_tokens.weight.dtype
@@ -160,8 +160,16 @@ class FastLlama:
         # Weights as [in, out]: ``x @ w`` is a plain GEMM (a few % faster than F.linear on CPU).
         # Small CPU models get contiguous transposed copies (per call, like the fused ones);
         # elsewhere they are transposed views of the parameters.
+        # ``matmul_dtype`` (e.g. bf16 for an fp32 model on a CPU with bf16 GEMMs): the weight
+        # matrices are cast copies and every GEMM runs in that dtype; activations, norms,
+        # attention, the KV cache and the logits stay in the model's dtype.
+        self.matmul_dtype = matmul_dtype if matmul_dtype not in (None, self.dtype) else None
         small_cpu = self.device.type == "cpu" and sum(p.numel() for p in model.parameters()) <= 64_000_000
-        t = (lambda w: w.detach().t().contiguous()) if small_cpu else (lambda w: w.detach().t())
+        if self.matmul_dtype is not None:
+            t = lambda w: w.detach().t().to(self.matmul_dtype, memory_format=torch.contiguous_format)
+        else:
+            t = (lambda w: w.detach().t().contiguous()) if small_cpu else (lambda w: w.detach().t())
+        cat = (lambda *ws: _cat_t(*ws).to(self.matmul_dtype)) if self.matmul_dtype is not None else _cat_t
         self.lm_head = t(model.lm_head.weight)
         self.inv_freq = inner.rotary_emb.inv_freq.detach()
         self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
@@ -171,17 +179,17 @@ class FastLlama:
             self.layers.append(_Layer(
                 ln1=layer.input_layernorm.weight.detach(),
                 ln2=layer.post_attention_layernorm.weight.detach(),
-                wqkv=_cat_t(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
+                wqkv=cat(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
                 bqkv=_cat_bias(a.q_proj, a.k_proj, a.v_proj),
                 wo=t(a.o_proj.weight), bo=_bias(a.o_proj),
-                wgu=_cat_t(m.gate_proj.weight, m.up_proj.weight),
+                wgu=cat(m.gate_proj.weight, m.up_proj.weight),
                 bgu=_cat_bias(m.gate_proj, m.up_proj),
                 wd=t(m.down_proj.weight), bd=_bias(m.down_proj),
             ))
 
     @classmethod
-    def from_model(cls, model: torch.nn.Module) -> FastLlama | None:
-        return None if unsupported_reason(model) is not None else cls(model)
+    def from_model(cls, model: torch.nn.Module, matmul_dtype: torch.dtype | None = None) -> FastLlama | None:
+        return None if unsupported_reason(model) is not None else cls(model, matmul_dtype)
 
     def rope_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sign-folded sin, [length, head_dim] in the model dtype, computed exactly as the
@@ -406,7 +414,11 @@ class DecodeState:
 
 
 def _lin(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ w (+ b)`` with ``w`` stored [in, out]."""
+    """``x @ w (+ b)`` with ``w`` stored [in, out]. A ``w`` in another dtype (``matmul_dtype``)
+    runs the GEMM in ``w``'s dtype and returns ``x``'s."""
+    if w.dtype != x.dtype:
+        y = (x.to(w.dtype) @ w).to(x.dtype)
+        return y if b is None else y + b
     if b is None:
         return x @ w
     return torch.addmm(b, x, w) if x.dim() == 2 else torch.addmm(b, x.flatten(0, -2), w).unflatten(0, x.shape[:-1])
@@ -414,7 +426,7 @@ def _lin(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> tor
 
 def _lin_res(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """``x + h @ w (+ b)`` for 2-D ``x``, the residual add fused into the GEMM when possible."""
-    return torch.addmm(x, h, w) if b is None else x + _lin(h, w, b)
+    return torch.addmm(x, h, w) if b is None and w.dtype == x.dtype else x + _lin(h, w, b)
 
 
 CPU_MATMUL_ATTENTION = True  # False: F.scaled_dot_product_attention on CPU too (for A/B runs)

@@ -48,7 +48,7 @@ from rlvr.monitor.metrics import MetricsLogger
 from rlvr.rewards import RewardConfig, score_all
 from rlvr.envs.base import EnvConfig, is_multi_turn
 from rlvr.rollout.async_rollout import AsyncConfig, AsyncRollout, RolloutBatch, parity_kl
-from rlvr.rollout.engine import SamplingParams, sequence_logprobs
+from rlvr.rollout.engine import PRECISIONS, SamplingParams, sequence_logprobs
 from rlvr.rollout.episodes import EnvPool, Episode, judge, run_tasks
 from rlvr.sandbox.config import SandboxConfig, shared_sandbox
 from rlvr.tasks.base import DOMAINS, generate_tasks
@@ -82,8 +82,12 @@ class RolloutConfig:
     """Nucleus sampling threshold."""
     batch_size: int = 256
     """Sequences decoded together."""
+    precision: str = "model"
+    """model | bf16: the engine's matrix multiplies in the model's dtype or in bfloat16 (the
+    rest in the model's dtype; ``SamplingParams.precision``, docs/rollout.md)."""
 
     def __post_init__(self) -> None:
+        check_choice("rollout.precision", self.precision, list(PRECISIONS))
         check_range("rollout.tasks_per_step", self.tasks_per_step, 1)
         check_range("rollout.samples_per_task", self.samples_per_task, 1)
         check_range("rollout.temperature", self.temperature, 0.0)
@@ -122,12 +126,17 @@ class AlgoConfig:
     share_prompts: bool = True
     """With packing: the samples of a group that start with the same prompt run it once per packed
     row instead of once each (``rlvr.train.packing.shared_prompts``); same loss and gradients."""
+    precision: str = "model"
+    """model | bf16: the training forward and backward in the model's dtype, or under
+    ``torch.autocast`` to bfloat16 (weights, gradients, optimizer state and the loss math stay in
+    the model's dtype; log-probs are computed in float32 from bf16 logits)."""
 
     def __post_init__(self) -> None:
         check_choice("algo.advantage", self.advantage, ADVANTAGES.names())
         check_choice("algo.policy_loss", self.policy_loss, POLICY_LOSSES.names())
         check_choice("algo.aggregation", self.aggregation, AGGREGATIONS.names())
         check_choice("algo.kl_estimator", self.kl_estimator, KL_ESTIMATORS.names())
+        check_choice("algo.precision", self.precision, list(PRECISIONS))
         check_range("algo.ppo_epochs", self.ppo_epochs, 1)
         check_range("algo.microbatch_size", self.microbatch_size, 1)
         check_range("algo.minibatch_size", self.minibatch_size, 0)
@@ -304,7 +313,8 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
 def rollout(run: Run, tasks: list[Task], policy_version: int) -> list[Episode]:
     r = run.cfg.rollout
     params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                            n=r.samples_per_task, stop_token_ids=[run.tokenizer.eos_token_id])
+                            n=r.samples_per_task, stop_token_ids=[run.tokenizer.eos_token_id],
+                            precision=r.precision)
     run.model.eval()
     return run_tasks(run.model, run.tokenizer, tasks, params, run.envs, generator=run.generator,
                      policy_version=policy_version, batch_size=r.batch_size)
@@ -314,7 +324,8 @@ def start_async_rollout(run: Run, cfg: GRPOConfig) -> AsyncRollout:
     """The background producer (engine copy of the model) and verifier for asynchronous mode."""
     r = cfg.rollout
     params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                            n=r.samples_per_task, stop_token_ids=[run.tokenizer.eos_token_id])
+                            n=r.samples_per_task, stop_token_ids=[run.tokenizer.eos_token_id],
+                            precision=r.precision)
 
     tokenizer = copy.deepcopy(run.tokenizer)  # its own: a fast tokenizer is not safe to share across threads
 
@@ -402,11 +413,14 @@ def update(run: Run, kept: list[Scored], advantages: list[float], cfg: GRPOConfi
 
 def logprobs_of(model, batch: Batch, a: AlgoConfig) -> torch.Tensor:
     """[B, T] log-probs of ``batch`` under ``model``: on policy tokens only when packing, else
-    every real token but the first."""
-    if a.packing:
-        return packed_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
-                               share_prompts=a.share_prompts)
-    return sequence_logprobs(model, batch.input_ids, batch.attention_mask)
+    every real token but the first. ``a.precision == "bf16"``: the forward under autocast."""
+    dtype = PRECISIONS[a.precision]
+    device = next(model.parameters()).device.type
+    with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
+        if a.packing:
+            return packed_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                   share_prompts=a.share_prompts)
+        return sequence_logprobs(model, batch.input_ids, batch.attention_mask)
 
 
 def off_policy_correction(run: Run, batch: Batch, kept: list[Scored], cfg: GRPOConfig) -> dict:
