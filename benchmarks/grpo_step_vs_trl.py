@@ -252,6 +252,8 @@ def main() -> None:
                     help="rlvr with algo.share_prompts=false (each sample runs its own prompt)")
     ap.add_argument("--bf16", action="store_true",
                     help="both sides in bf16 mixed precision (TRL bf16=True; rlvr rollout/algo precision bf16)")
+    ap.add_argument("--rlvr-bf16", action="store_true",
+                    help="rlvr in bf16 mixed precision, TRL at its fp32 (each side's matmul fraction of its own GEMM rate)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     rounds = a.rounds or (4 if a.size == "small" else 3)
@@ -279,11 +281,16 @@ def main() -> None:
 
     torch.manual_seed(a.seed)
     rl = RlvrSide(model_dir, str(Path(tmp) / "rlvr"), tasks, a.seed, packing=not a.no_packing,
-                  share_prompts=not a.no_share_prompts, precision="bf16" if a.bf16 else "model")
-    gemm = torch.bfloat16 if a.bf16 else torch.float32
+                  share_prompts=not a.no_share_prompts, precision="bf16" if a.bf16 or a.rlvr_bf16 else "model")
+    gemm = {"trl": "bf16" if a.bf16 else "fp32", "rlvr": "bf16" if a.bf16 or a.rlvr_bf16 else "fp32"}
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     trl_clock = Clock()
     results = {"rlvr": [], "trl": []}
-    rates: list[float] = []
+    rates: dict[str, list[float]] = {g: [] for g in sorted(set(gemm.values()))}
+
+    def measure_rates() -> None:
+        for g in rates:
+            rates[g].append(matmul_rate(dtype=dtypes[g]))
 
     class Alternate(TrainerCallback):
         def __init__(self) -> None:
@@ -309,11 +316,11 @@ def main() -> None:
             if self.count == a.warmup:
                 for _ in range(a.warmup):
                     rl.step()
-                rates.append(matmul_rate(dtype=gemm))
+                measure_rates()
             elif self.count > a.warmup and (self.count - a.warmup) % per_round == 0:
                 for _ in range(per_round):
                     results["rlvr"].append(rl.step())
-                rates.append(matmul_rate(dtype=gemm))
+                measure_rates()
                 print(f"  round {(self.count - a.warmup) // per_round}/{rounds}: "
                       f"trl {statistics.median(r[0] for r in results['trl']):.3f} s/step, "
                       f"rlvr {statistics.median(r[0] for r in results['rlvr']):.3f} s/step", flush=True)
@@ -324,34 +331,36 @@ def main() -> None:
                         checkpointing=a.trl_gradient_checkpointing, bf16=a.bf16)
     instrument_trl(trainer, trl_clock)
     print(f"grpo step vs TRL {trl.__version__}: {a.size} model ({params / 1e6:.2f}M params), 8 prompts x 8 samples "
-          f"x <= 32 new tokens, {'bf16 mixed precision' if a.bf16 else 'fp32'}; {machine_note()}", flush=True)
+          f"x <= 32 new tokens, GEMMs: TRL {gemm['trl']}, rlvr {gemm['rlvr']}; {machine_note()}", flush=True)
     trainer.train()
 
-    rate = statistics.median(rates)
+    rate_of = {g: statistics.median(r) for g, r in rates.items()}
     rows, summary = [], {}
     for side in ("trl", "rlvr"):
+        rate = rate_of[gemm[side]]
         steps = results[side]
         med = statistics.median(s[0] for s in steps)
         phases = {p: statistics.median(s[1].get(p, 0.0) for s in steps) for p in PHASES[:-1]}
         phases["other"] = statistics.median(s[0] - sum(s[1].get(p, 0.0) for p in PHASES[:-1]) for s in steps)
         fb_rate = statistics.median(s[2] / (s[1]["forward"] + s[1]["backward"]) / 1e9 for s in steps)
-        summary[side] = {"s_per_step": med, "steps": len(steps), "phases_s": phases,
+        summary[side] = {"s_per_step": med, "steps": len(steps), "phases_s": phases, "gemm": gemm[side],
                          "fwd_bwd_gflops": fb_rate, "matmul_fraction": fb_rate / rate,
                          "step_s_all": [s[0] for s in steps]}
-        rows.append({"side": side, "s/step": med, **{p: phases[p] for p in PHASES},
+        rows.append({"side": side, "gemm": gemm[side], "s/step": med, **{p: phases[p] for p in PHASES},
                      "fwd+bwd GF/s": fb_rate, "of matmul": f"{fb_rate / rate:.0%}"})
     speedup = summary["trl"]["s_per_step"] / summary["rlvr"]["s_per_step"]
     print()
-    print_table(rows, ["side", "s/step", *PHASES, "fwd+bwd GF/s", "of matmul"])
+    print_table(rows, ["side", "gemm", "s/step", *PHASES, "fwd+bwd GF/s", "of matmul"])
     print(f"\nrlvr is {speedup:.2f}x faster per step (median of {len(results['rlvr'])} steps each side); "
-          f"{'bf16' if a.bf16 else 'fp32'} matmul rate {rate:.0f} GFLOP/s (median of {len(rates)}: {', '.join(f'{r:.0f}' for r in rates)}); "
+          + "; ".join(f"{g} matmul rate {rate_of[g]:.0f} GFLOP/s (median of {len(r)}: {', '.join(f'{x:.0f}' for x in r)})"
+                      for g, r in rates.items()) + "; "
           f"{machine_note()}")
     write_json(a.json, {"size": a.size, "params": params, "trl_version": trl.__version__, "speedup": speedup,
-                        "matmul_rate_gflops": rate, "matmul_rates": rates, "machine": machine_note(),
+                        "matmul_rate_gflops": rate_of, "matmul_rates": rates, "machine": machine_note(),
                         "threads": torch.get_num_threads(), "rlvr_packing": not a.no_packing,
                         "rlvr_share_prompts": not a.no_share_prompts,
                         "trl_gradient_checkpointing": a.trl_gradient_checkpointing,
-                        "precision": "bf16" if a.bf16 else "fp32", **summary})
+                        "gemm": gemm, **summary})
 
 
 if __name__ == "__main__":
