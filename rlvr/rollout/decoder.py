@@ -24,7 +24,9 @@ What it does:
   of one KV head side by side, so K/V are never repeated; ``F.scaled_dot_product_attention`` on
   GPU and in prefill, two batched matmuls for a CPU decode step, ~10% faster there than the CPU
   flash kernel with one query), SwiGLU, and the logits in float32. It computes in the model's dtype (fp32 on CPU,
-  bf16 on CUDA) like the Hugging Face forward does.
+  bf16 on CUDA) like the Hugging Face forward does; ``FastLlama(model, matmul_dtype=torch.bfloat16)``
+  runs only the GEMMs in bf16 (the weight matrices cast per call; attention, norms and the cache
+  stay in the model's dtype).
 - On CUDA (``cuda_graphs=True``) the decode step is captured in a CUDA graph per batch-size
   bucket (powers of two, the last bucket being all rows); rows beyond those in use are padding.
   The captured step attends over the whole cache under the mask and writes K/V at a column held
