@@ -206,7 +206,7 @@ def generate(
             if fast is not None:
                 on_cuda = fast.device.type == "cuda"
                 graphs = on_cuda if cuda_graphs is None else (bool(cuda_graphs) and on_cuda)
-            autocast = _autocast(model, params.precision) if fast is None else contextlib.nullcontext()
+            autocast = precision_autocast(model, params.precision) if fast is None else contextlib.nullcontext()
             for start in range(0, len(rows), step):
                 chunk = rows[start : start + step]
                 with autocast:
@@ -218,8 +218,10 @@ def generate(
     return out
 
 
-def _autocast(model: torch.nn.Module, precision: str):
-    """The Hugging Face backend's ``precision``: ``torch.autocast`` to bf16, or nothing."""
+def precision_autocast(model: torch.nn.Module, precision: str):
+    """A ``precision`` name (``PRECISIONS``) as a context for a Hugging Face forward:
+    ``torch.autocast`` to bf16 on the model's device, or nothing for ``"model"``. Used by the hf
+    backend and by the trainer's forward (``algo.precision``)."""
     dtype = PRECISIONS[precision]
     device = next(model.parameters()).device.type
     return torch.autocast(device, dtype=dtype) if dtype is not None else contextlib.nullcontext()

@@ -48,7 +48,7 @@ from rlvr.monitor.metrics import MetricsLogger
 from rlvr.rewards import RewardConfig, score_all
 from rlvr.envs.base import EnvConfig, is_multi_turn
 from rlvr.rollout.async_rollout import AsyncConfig, AsyncRollout, RolloutBatch, parity_kl
-from rlvr.rollout.engine import PRECISIONS, SamplingParams, sequence_logprobs
+from rlvr.rollout.engine import PRECISIONS, SamplingParams, precision_autocast, sequence_logprobs
 from rlvr.rollout.episodes import EnvPool, Episode, judge, run_tasks
 from rlvr.sandbox.config import SandboxConfig, shared_sandbox
 from rlvr.tasks.base import DOMAINS, generate_tasks
@@ -414,9 +414,7 @@ def update(run: Run, kept: list[Scored], advantages: list[float], cfg: GRPOConfi
 def logprobs_of(model, batch: Batch, a: AlgoConfig) -> torch.Tensor:
     """[B, T] log-probs of ``batch`` under ``model``: on policy tokens only when packing, else
     every real token but the first. ``a.precision == "bf16"``: the forward under autocast."""
-    dtype = PRECISIONS[a.precision]
-    device = next(model.parameters()).device.type
-    with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
+    with precision_autocast(model, a.precision):
         if a.packing:
             return packed_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
                                    share_prompts=a.share_prompts)
