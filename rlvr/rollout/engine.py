@@ -65,7 +65,7 @@ class SamplingParams:
     precision: str = "model"
     """``"model"``: compute in the model's dtype. ``"bf16"``: matrix multiplies in bfloat16, the
     rest (norms, attention, KV cache, logits, sampling) in the model's dtype; on a CPU with bf16
-    GEMMs (AVX512-BF16/AMX) the fast decoder runs ~1.4x faster, at bf16 rounding of the logprobs
+    GEMMs (AVX512-BF16/AMX) the fast decoder ran 1.3-1.4x faster, at bf16 rounding of the logprobs
     (``rollout/logprob_mismatch_kl`` shows it). The Hugging Face backend runs under
     ``torch.autocast`` instead."""
 
