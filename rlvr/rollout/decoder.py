@@ -167,11 +167,16 @@ class FastLlama:
         # attention, the KV cache and the logits stay in the model's dtype.
         self.matmul_dtype = matmul_dtype if matmul_dtype not in (None, self.dtype) else None
         small_cpu = self.device.type == "cpu" and sum(p.numel() for p in model.parameters()) <= 64_000_000
-        if self.matmul_dtype is not None:
-            t = lambda w: w.detach().t().to(self.matmul_dtype, memory_format=torch.contiguous_format)
-        else:
-            t = (lambda w: w.detach().t().contiguous()) if small_cpu else (lambda w: w.detach().t())
-        cat = (lambda *ws: _cat_t(*ws).to(self.matmul_dtype)) if self.matmul_dtype is not None else _cat_t
+        gemm_dtype = self.matmul_dtype or self.dtype
+
+        def t(w: torch.Tensor) -> torch.Tensor:
+            w = w.detach().t()
+            if self.matmul_dtype is not None:  # one copy: cast and made contiguous together
+                return w.to(gemm_dtype, memory_format=torch.contiguous_format)
+            return w.contiguous() if small_cpu else w
+
+        def cat(*ws: torch.Tensor) -> torch.Tensor:
+            return _cat_t(*ws).to(gemm_dtype)  # no copy when it is already the model's dtype
         self.lm_head = t(model.lm_head.weight)
         self.inv_freq = inner.rotary_emb.inv_freq.detach()
         self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
