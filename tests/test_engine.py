@@ -411,6 +411,34 @@ def test_static_step_matches_the_eager_step(model, prompts):
             tok = a.argmax(-1)
 
 
+@pytest.mark.parametrize("rows", [[0, 0, 1, 1, 2, 2, 3, 3], [0, 0, 0, 1, 2, 2, 3, 3]], ids=["full", "ragged"])
+def test_shared_prompt_attention_equals_per_row_attention(model, prompts, monkeypatch, rows):
+    """A CPU decode step that reads each prompt's K/V once for all its rows (stacked queries)
+    gives the logits of the step that reads every row's own copy: groups full or ragged (empty
+    grid cells), GQA, and a compaction that empties one prompt's group and thins another."""
+    rows_t = torch.tensor(rows)
+    with torch.inference_mode():
+        f = decoder.FastLlama(model)
+        states = []
+        for share in (True, False):
+            monkeypatch.setattr(decoder, "SHARE_PROMPTS", share)
+            st = f.start(len(rows), 9 + 6)
+            first = st.prefill(prompts, rows_t, PAD)
+            states.append(st)
+        assert states[0].shared is not None and states[1].shared is None
+        tok = first.argmax(-1)
+        for t in range(5):
+            if t == 2:
+                keep = torch.tensor([0, 4, 5, 7])  # prompt 0 loses rows, prompt 1 all of its own
+                for st in states:
+                    st.compact(keep)
+                tok = tok[keep]
+            a, b = states[0].step(tok), states[1].step(tok)
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+            tok = a.argmax(-1)
+        assert states[0].shared.slots is not None  # after compaction the grid has empty cells
+
+
 def test_qwen2_layout_with_qkv_bias_runs_fast(tok, prompts):
     """Qwen2 is Llama's layout plus q/k/v biases: the fast decoder takes it, and matches."""
     from transformers import Qwen2Config, Qwen2ForCausalLM

@@ -23,7 +23,13 @@ What it does:
   model's ``inv_freq`` (cos/sin tables built once per call), grouped-query attention (queries
   of one KV head side by side, so K/V are never repeated; ``F.scaled_dot_product_attention`` on
   GPU and in prefill, two batched matmuls for a CPU decode step, ~10% faster there than the CPU
-  flash kernel with one query), SwiGLU, and the logits in float32. It computes in the model's dtype (fp32 on CPU,
+  flash kernel with one query), SwiGLU, and the logits in float32.
+- Shared prompts (CPU decode steps, when a prompt has several sample rows): the prompt's K/V are
+  kept once per prompt, and a step attends to them with the queries of all its rows stacked (one
+  GEMM per prompt and KV head instead of one matrix-vector product per row), then to each row's
+  own generated columns, in one softmax over both. The per-row cache still holds the prompt
+  columns too (for ``prefix``, compaction and the GPU path), but a step does not read them:
+  a decode step is bound by reading the cache, and the prompt is most of it. It computes in the model's dtype (fp32 on CPU,
   bf16 on CUDA) like the Hugging Face forward does; ``FastLlama(model, matmul_dtype=torch.bfloat16)``
   runs only the GEMMs in bf16 (the weight matrices cast per call; attention, norms and the cache
   stay in the model's dtype).
@@ -252,6 +258,7 @@ class DecodeState:
         self.cos, self.sin = f.rope_tables(max_len)
         self.n = rows  # rows in use (a prefix of the buffers)
         self.col = 0  # cache column the next step writes
+        self.shared: _SharedPrompts | None = None  # set by prefill when prompts have several rows
         self.graphs = _Graphs(self) if cuda_graphs else None
 
     # -- prefill ---------------------------------------------------------------------------------
@@ -280,6 +287,9 @@ class DecodeState:
         attn_mask = ((causal & mask[:, None, :]) | eye)[:, None]  # [U, 1, C, W]; pad queries see themselves
         direct = U == self.rows and bool((expand == torch.arange(U, device=dev)).all())
         nh, nkv, hd = f.num_heads, f.num_kv, f.head_dim
+        shared = None
+        if U < self.rows and self.graphs is None and f.device.type == "cpu" and CPU_MATMUL_ATTENTION and SHARE_PROMPTS:
+            shared = _SharedPrompts(U, W, mask, nkv, f.dtype)
         x = F.embedding(ids[:, W - C:], f.embed)
         for li, L in enumerate(f.layers):
             qkv = _lin(f.rms(x, L.ln1), L.wqkv, L.bqkv)  # [U, C, (nh + 2 nkv) hd]
@@ -302,6 +312,9 @@ class DecodeState:
             if not (direct and C < W):  # (direct with a prefix: K/V were written in place above)
                 self.k[li][:, :, :W] = k.index_select(0, expand)
                 self.v[li][:, :, :W] = v.index_select(0, expand)
+            if shared is not None:
+                shared.k.append(k.reshape(U * nkv, W, hd))  # (a copy when k is a strided view)
+                shared.v.append(v.reshape(U * nkv, W, hd))
             if f.rep > 1:
                 k = k.repeat_interleave(f.rep, dim=1)
                 v = v.repeat_interleave(f.rep, dim=1)
@@ -314,6 +327,9 @@ class DecodeState:
         self.valid[:, :W] = mask.index_select(0, expand)
         self.pos.copy_(positions[:, -1].index_select(0, expand) + 1)
         self.col = W
+        self.shared = shared
+        if shared is not None:
+            shared.set_rows(expand.tolist())
         return f.logits(x[:, -1]).index_select(0, expand)
 
     def prefix(self, row: int, start: int) -> KVPrefix:
@@ -339,11 +355,12 @@ class DecodeState:
         pos = self.pos[:n]
         cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [n, hd]
         nh, nkv, hd, rep = f.num_heads, f.num_kv, f.head_dim, f.rep
-        cpu = f.device.type == "cpu" and CPU_MATMUL_ATTENTION
+        shared = self.shared  # (its prompt columns' mask is per prompt; generated columns are all valid)
+        cpu = shared is None and f.device.type == "cpu" and CPU_MATMUL_ATTENTION
         if cpu:  # one additive mask for all layers, [n * kv, rep, S]
             bias = torch.zeros((n, S), dtype=f.dtype).masked_fill_(~valid[:, :S], float("-inf"))
             bias = bias[:, None].expand(n, nh, S).reshape(n * nkv, rep, S)
-        else:
+        elif shared is None:
             mask = valid[:, None, None, :S]
         x = F.embedding(tokens, f.embed)
         for li, L in enumerate(f.layers):
@@ -355,7 +372,9 @@ class DecodeState:
             # The rep query heads of one KV head attend together as a rep-long query: no repeated
             # K/V. On CPU: scores + mask in one baddbmm, then one bmm (fewer ops than SDPA's
             # flash kernel, which is slower here with a single query).
-            if cpu:
+            if shared is not None:
+                a = shared.attend(li, qk[:, :nh], K[:n, :, shared.width:S], V[:n, :, shared.width:S])
+            elif cpu:
                 s = torch.baddbmm(bias, qk[:, :nh].reshape(n * nkv, rep, hd),
                                   K[:n, :, :S].view(n * nkv, S, hd).transpose(1, 2), alpha=hd ** -0.5)
                 a = torch.bmm(s.softmax(-1), V[:n, :, :S].view(n * nkv, S, hd)).view(n, nh * hd)
@@ -408,6 +427,8 @@ class DecodeState:
             self.valid[first:m, :c] = self.valid[:, :c].index_select(0, tail)
             self.pos[first:m] = self.pos.index_select(0, tail)
         self.n = m
+        if self.shared is not None:
+            self.shared.set_rows([self.shared.rows[r] for r in keep_l])
 
     def worth_compacting(self, alive: int, remaining: int) -> bool:
         """Compaction policy. With CUDA graphs: when the live rows fit a smaller bucket. Otherwise
@@ -437,6 +458,76 @@ def _lin_res(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor 
 
 
 CPU_MATMUL_ATTENTION = True  # False: F.scaled_dot_product_attention on CPU too (for A/B runs)
+SHARE_PROMPTS = True  # False: CPU decode steps read each row's copy of its prompt (for A/B runs)
+
+
+class _SharedPrompts:
+    """The prompts' K/V once per prompt, and attention of a CPU decode step over them plus each
+    row's generated columns (see the module docstring).
+
+    Rows are grouped by prompt (each prompt's rows consecutive, as ``engine.generate`` orders
+    them, and compaction keeps the order). A step lays the rows' queries on a grid of ``U`` prompts
+    x ``G`` slots (``G`` = the most rows any prompt has): prompt ``u``'s queries form one
+    ``[G x rep, hd]`` matrix per KV head, multiplied with the prompt's keys in one batched GEMM.
+    When every prompt has ``G`` rows the grid is the rows themselves (``slots`` is None);
+    otherwise ``slots[r]`` is row r's cell and empty cells compute zeros that are never read."""
+
+    def __init__(self, U: int, W: int, mask: torch.Tensor, nkv: int, dtype: torch.dtype):
+        self.prompts, self.width, self.nkv = U, W, nkv
+        self.k: list[torch.Tensor] = []  # per layer [U * nkv, W, hd]
+        self.v: list[torch.Tensor] = []
+        bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+        self.bias = bias[:, None, None].expand(U, nkv, 1, W).reshape(U * nkv, 1, W)  # left padding
+        self.rows: list[int] = []
+
+    def set_rows(self, rows: list[int]) -> None:
+        """``rows[r]`` = the prompt of decoder row r (ascending)."""
+        self.rows = rows
+        counts: dict[int, int] = {}
+        for p in rows:
+            counts[p] = counts.get(p, 0) + 1
+        self.G = max(counts.values())
+        if len(rows) == self.prompts * self.G:
+            self.slots = None
+        else:
+            seen: dict[int, int] = {}
+            slots = []
+            for p in rows:
+                slots.append(p * self.G + seen.get(p, 0))
+                seen[p] = seen.get(p, 0) + 1
+            self.slots = torch.tensor(slots, device=self.bias.device)
+
+    def attend(self, li: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
+        """q [n, nh, hd] (roped), k_new/v_new [n, nkv, t, hd] the rows' generated columns (the
+        current one included) -> attention output [n, nh * hd]."""
+        n, nh, hd = q.shape
+        U, G, W, nkv = self.prompts, self.G, self.width, self.nkv
+        rep, t = nh // nkv, k_new.shape[2]
+        q = q * hd ** -0.5
+        grid = self._to_grid(q.reshape(n, nkv, rep, hd))  # [U * nkv, G * rep, hd]
+        s_prompt = torch.baddbmm(self.bias, grid, self.k[li].transpose(1, 2))  # [U * nkv, G * rep, W]
+        s_new = torch.bmm(q.reshape(n * nkv, rep, hd), k_new.reshape(n * nkv, t, hd).transpose(1, 2))
+        p = torch.cat([self._from_grid(s_prompt), s_new], dim=-1).softmax(-1)  # [n * nkv, rep, W + t]
+        a_prompt = torch.bmm(self._to_grid(p[..., :W].reshape(n, nkv, rep, W)), self.v[li])
+        a = torch.baddbmm(self._from_grid(a_prompt), p[..., W:], v_new.reshape(n * nkv, t, hd))
+        return a.view(n, nh * hd)
+
+    def _to_grid(self, x: torch.Tensor) -> torch.Tensor:
+        """[n, nkv, rep, d] per row -> [U * nkv, G * rep, d] per prompt and KV head."""
+        n, nkv, rep, d = x.shape
+        if self.slots is not None:
+            x = x.new_zeros((self.prompts * self.G, nkv, rep, d)).index_copy_(0, self.slots, x)
+        return x.view(self.prompts, self.G, nkv, rep, d).transpose(1, 2).reshape(-1, self.G * rep, d)
+
+    def _from_grid(self, x: torch.Tensor) -> torch.Tensor:
+        """[U * nkv, G * rep, d] -> [n * nkv, rep, d] in row order."""
+        d = x.shape[-1]
+        x = x.view(self.prompts, self.nkv, self.G, -1, d).transpose(1, 2)  # [U, G, nkv, rep, d]
+        rep = x.shape[3]
+        x = x.reshape(self.prompts * self.G, self.nkv, rep, d)
+        if self.slots is not None:
+            x = x.index_select(0, self.slots)
+        return x.reshape(-1, rep, d)
 
 
 def _bucket(n: int, cap: int) -> int:
