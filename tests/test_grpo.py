@@ -99,10 +99,11 @@ def test_bf16_training_forward_is_close_to_fp32(tiny_model_dir):
                                 loss_mask=(0,) * len(prompt) + (1,) * len(resp), logprobs=(0.0,) * (len(prompt) + len(resp)),
                                 finish_reason="length"))
     batch = collate(trajs, [1.0, -1.0, 0.5, 0.2, -0.3, 0.1], 0)
-    out = {}
+    out, flash = {}, {}
     for precision in ("model", "bf16"):
         model.zero_grad()
         lp = logprobs_of(model, batch, AlgoConfig(precision=precision))
+        flash[precision] = any("Flash" in name for name in _graph_ops(lp.grad_fn))
         (lp * batch.loss_mask).sum().backward()
         out[precision] = (lp.detach(), torch.cat([p.grad.flatten() for p in model.parameters()]))
         assert lp.dtype == torch.float32
@@ -112,6 +113,21 @@ def test_bf16_training_forward_is_close_to_fp32(tiny_model_dir):
     assert 0 < diff.max() < 0.1 and diff.mean() < 0.02, diff
     cos = torch.nn.functional.cosine_similarity(g32, g16, dim=0)
     assert cos > 0.99, cos
+    # On CPU, bf16 attention is differentiated through SDPA's math backend, not the flash kernel.
+    assert flash == {"model": True, "bf16": False}, flash
+
+
+def _graph_ops(fn) -> set[str]:
+    """Names of the autograd nodes reachable from ``fn``."""
+    seen, stack, names = set(), [fn], set()
+    while stack:
+        f = stack.pop()
+        if f is None or f in seen:
+            continue
+        seen.add(f)
+        names.add(type(f).__name__)
+        stack.extend(nxt for nxt, _ in f.next_functions)
+    return names
 
 
 @pytest.mark.parametrize("extra", [{}, {"algo.advantage": "rloo", "algo.aggregation": "seq_mean_token_mean",

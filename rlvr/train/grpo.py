@@ -18,6 +18,7 @@ weights (``off_policy_correction``) and pushes its weights after each update (ca
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import torch
 from rich.progress import Progress
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rlvr.algos.advantages import ADVANTAGES, group_has_variance
 from rlvr.algos.kl import KL_ESTIMATORS, logprob_mismatch_kl
@@ -414,11 +416,23 @@ def update(run: Run, kept: list[Scored], advantages: list[float], cfg: GRPOConfi
 def logprobs_of(model, batch: Batch, a: AlgoConfig) -> torch.Tensor:
     """[B, T] log-probs of ``batch`` under ``model``: on policy tokens only when packing, else
     every real token but the first. ``a.precision == "bf16"``: the forward under autocast."""
-    with precision_autocast(model, a.precision):
+    with precision_autocast(model, a.precision), training_attention(model, a.precision):
         if a.packing:
             return packed_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
                                    share_prompts=a.share_prompts)
         return sequence_logprobs(model, batch.input_ids, batch.attention_mask)
+
+
+def training_attention(model, precision: str):
+    """The SDPA backend of the training forward: under bf16 autocast on CPU, the math backend
+    (attention as batched matmuls, differentiated op by op), because the CPU flash kernel's bf16
+    backward is slow (profiled at the benchmark's packed shapes, 13-14 rows x 196 tokens: 28 ms
+    per layer against 13 ms in fp32, 6x its forward). Forward + backward measured 8% faster on
+    the small benchmark model, 2% on the medium one (``docs/training_step.md``). Elsewhere (fp32,
+    GPU) torch's default choice."""
+    if PRECISIONS[precision] is None or next(model.parameters()).device.type != "cpu":
+        return contextlib.nullcontext()
+    return sdpa_kernel(SDPBackend.MATH)
 
 
 def off_policy_correction(run: Run, batch: Batch, kept: list[Scored], cfg: GRPOConfig) -> dict:
