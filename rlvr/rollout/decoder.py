@@ -23,16 +23,16 @@ What it does:
   model's ``inv_freq`` (cos/sin tables built once per call), grouped-query attention (queries
   of one KV head side by side, so K/V are never repeated; ``F.scaled_dot_product_attention`` on
   GPU and in prefill, two batched matmuls for a CPU decode step, ~10% faster there than the CPU
-  flash kernel with one query), SwiGLU, and the logits in float32.
+  flash kernel with one query), SwiGLU, and the logits in float32. It computes in the model's dtype (fp32 on CPU,
+  bf16 on CUDA) like the Hugging Face forward does; ``FastLlama(model, matmul_dtype=torch.bfloat16)``
+  runs only the GEMMs in bf16 (the weight matrices cast per call; attention, norms and the cache
+  stay in the model's dtype).
 - Shared prompts (CPU decode steps, when a prompt has several sample rows): the prompt's K/V are
   kept once per prompt, and a step attends to them with the queries of all its rows stacked (one
   GEMM per prompt and KV head instead of one matrix-vector product per row), then to each row's
   own generated columns, in one softmax over both. The per-row cache still holds the prompt
   columns too (for ``prefix``, compaction and the GPU path), but a step does not read them:
-  a decode step is bound by reading the cache, and the prompt is most of it. It computes in the model's dtype (fp32 on CPU,
-  bf16 on CUDA) like the Hugging Face forward does; ``FastLlama(model, matmul_dtype=torch.bfloat16)``
-  runs only the GEMMs in bf16 (the weight matrices cast per call; attention, norms and the cache
-  stay in the model's dtype).
+  a decode step is bound by reading the cache, and the prompt is most of it.
 - On CUDA (``cuda_graphs=True``) the decode step is captured in a CUDA graph per batch-size
   bucket (powers of two, the last bucket being all rows); rows beyond those in use are padding.
   The captured step attends over the whole cache under the mask and writes K/V at a column held
@@ -46,6 +46,7 @@ variants whose frequencies change with the sequence length (``dynamic``, ``longr
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -288,7 +289,8 @@ class DecodeState:
         direct = U == self.rows and bool((expand == torch.arange(U, device=dev)).all())
         nh, nkv, hd = f.num_heads, f.num_kv, f.head_dim
         shared = None
-        if U < self.rows and self.graphs is None and f.device.type == "cpu" and CPU_MATMUL_ATTENTION and SHARE_PROMPTS:
+        if U < self.rows and self.graphs is None and f.device.type == "cpu" and CPU_MATMUL_ATTENTION \
+                and SHARE_PROMPTS:
             shared = _SharedPrompts(U, W, mask, nkv, f.dtype)
         x = F.embedding(ids[:, W - C:], f.embed)
         for li, L in enumerate(f.layers):
@@ -483,25 +485,18 @@ class _SharedPrompts:
     def set_rows(self, rows: list[int]) -> None:
         """``rows[r]`` = the prompt of decoder row r (ascending)."""
         self.rows = rows
-        counts: dict[int, int] = {}
-        for p in rows:
-            counts[p] = counts.get(p, 0) + 1
-        self.G = max(counts.values())
-        if len(rows) == self.prompts * self.G:
-            self.slots = None
-        else:
-            seen: dict[int, int] = {}
-            slots = []
-            for p in rows:
-                slots.append(p * self.G + seen.get(p, 0))
-                seen[p] = seen.get(p, 0) + 1
+        self.G = max(Counter(rows).values())
+        self.slots = None
+        if len(rows) != self.prompts * self.G:  # cell = prompt x G + rank among the prompt's rows
+            first: dict[int, int] = {}
+            slots = [p * self.G + r - first.setdefault(p, r) for r, p in enumerate(rows)]
             self.slots = torch.tensor(slots, device=self.bias.device)
 
     def attend(self, li: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
         """q [n, nh, hd] (roped), k_new/v_new [n, nkv, t, hd] the rows' generated columns (the
         current one included) -> attention output [n, nh * hd]."""
         n, nh, hd = q.shape
-        U, G, W, nkv = self.prompts, self.G, self.width, self.nkv
+        W, nkv = self.width, self.nkv
         rep, t = nh // nkv, k_new.shape[2]
         q = q * hd ** -0.5
         grid = self._to_grid(q.reshape(n, nkv, rep, hd))  # [U * nkv, G * rep, hd]
@@ -514,7 +509,7 @@ class _SharedPrompts:
 
     def _to_grid(self, x: torch.Tensor) -> torch.Tensor:
         """[n, nkv, rep, d] per row -> [U * nkv, G * rep, d] per prompt and KV head."""
-        n, nkv, rep, d = x.shape
+        _, nkv, rep, d = x.shape
         if self.slots is not None:
             x = x.new_zeros((self.prompts * self.G, nkv, rep, d)).index_copy_(0, self.slots, x)
         return x.view(self.prompts, self.G, nkv, rep, d).transpose(1, 2).reshape(-1, self.G * rep, d)
