@@ -83,13 +83,13 @@ def useful_flops(model, seq_lens: list[int], completion_lens: list[int],
     return 3.0 * fwd
 
 
-def shared_copies(micro) -> list[tuple[int, int]]:
+def shared_copies(micro, hidden_size: int) -> list[tuple[int, int]]:
     """(prompt length, prompt copies not computed) for rlvr's packed layout of ``micro``."""
     from rlvr.train.packing import layout_units, shared_prompts, shared_width
 
     lengths = micro.attention_mask.sum(1).tolist()
     groups = shared_prompts(micro.input_ids, micro.attention_mask, micro.loss_mask)
-    units = layout_units(lengths, groups, shared_width(max(lengths)))
+    units = layout_units(lengths, groups, shared_width(lengths, groups, hidden_size))
     return [(p, len(members) - 1) for p, members in units if p]
 
 
@@ -144,7 +144,8 @@ class RlvrSide:
             side.clock.add("forward", time.perf_counter() - t0)
             lens = micro.attention_mask.sum(1).tolist()
             comp = micro.loss_mask.sum(1).long().tolist()
-            shared = shared_copies(micro) if side.cfg.algo.packing and side.cfg.algo.share_prompts else []
+            sharing = side.cfg.algo.packing and side.cfg.algo.share_prompts
+            shared = shared_copies(micro, model.config.hidden_size) if sharing else []
             side.clock.flops += useful_flops(model, lens, comp, shared)
             side._fwd_end = time.perf_counter()  # the FLOP count above is in no phase
             return out

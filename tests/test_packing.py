@@ -243,3 +243,28 @@ def test_shared_prompts_save_slots(grouped):
     alone = padding_stats(grouped.attention_mask, 30)
     shared = padding_stats(grouped.attention_mask, 30, groups)
     assert shared["packed_slots"] < alone["packed_slots"]
+
+
+def test_shared_width_picks_the_cheapest_layout():
+    """The row width for shared prompts is the candidate whose layout costs least (slots, each
+    weighted by its dense-mask attention): a 16-token prompt with 8 samples of 31 more tokens packs
+    as two rows of at least 140 tokens per group, not in 196-wide rows (5 samples + 3 left over);
+    a wider model (attention cheaper relative to the matmuls) never picks a narrower row."""
+    from rlvr.train.packing import ATTENTION_PER_COLUMN, layout_units, shared_width
+
+    lengths, groups = [], []
+    for g in range(8):
+        groups.append((16, list(range(len(lengths), len(lengths) + 8))))
+        lengths += [47] * 8
+
+    def cost(w: int, hidden: int) -> float:
+        rows = first_fit_decreasing([p + sum(lengths[i] - p for i in m) for p, m in layout_units(lengths, groups, w)], w)
+        return len(rows) * w * (1 + ATTENTION_PER_COLUMN * w / hidden)
+
+    w = shared_width(lengths, groups, 256)
+    assert 140 <= w < 196
+    assert cost(w, 256) < cost(196, 256) and cost(w, 256) < cost(47, 256)
+    # candidates are 8 tokens apart: within 8 columns per row of the best width anywhere in range
+    assert cost(w, 256) <= min(cost(c, 256) for c in range(47, 189)) * (1 + 8 / 140)
+    assert shared_width(lengths, groups, 4096) >= w
+    assert shared_width([9], None, 256) == 9  # never narrower than the longest sequence

@@ -15,7 +15,8 @@ What it does:
   the rest of several of its samples; each sample's tokens see the prompt copy and their own
   earlier tokens, with positions continuing from the prompt's. The prompt's forward and backward
   run once per row instead of once per sample, and its gradient is the sum over the samples that
-  read it, as in the unshared forward. Rows are ``shared_width`` tokens wide.
+  read it, as in the unshared forward. The row width is chosen per batch (``shared_width``): the
+  cheapest layout by a cost model of slots and dense-mask attention.
 - ``packed_logprobs`` runs the model once, packed when that removes at least ``PACK_MIN_SAVING``
   (10%) of the token slots, else on ``causal_rows``, and returns the same ``[B, T]`` log-probs as
   ``rlvr.rollout.engine.sequence_logprobs`` at the positions asked for (``want``, e.g. the loss
@@ -200,17 +201,34 @@ def _decoder_and_head(model: torch.nn.Module):
 # Pack only when it removes at least this share of the padded batch's token slots: a packed
 # forward needs an explicit mask (SDPA's masked kernel), the right-padded one only the causal flag.
 PACK_MIN_SAVING = 0.10
-# Rows that hold shared prompts are this many times the longest sequence, at most SHARED_MAX_WIDTH
-# tokens (never less than the longest sequence): wider rows share a prompt among more of its group,
-# but attention under a dense mask costs more per token the wider the row. 4x: 1.3-1.5x faster
-# forward + backward than unshared on the TRL benchmark batch (docs/training_step.md).
+# Rows that hold shared prompts are at most this many times the longest sequence and at most
+# SHARED_MAX_WIDTH tokens (never less than the longest sequence): wider rows share a prompt among
+# more of its group, but attention under a dense mask costs more per token the wider the row.
 SHARED_WIDTH = 4.0
 SHARED_MAX_WIDTH = 256
+# Cost of a slot in a row of width w, relative to the rest of its layer: 1 + ATTENTION_PER_COLUMN
+# x w / hidden_size. The dense-mask attention of a slot is 4 h w FLOPs per layer against about
+# 26 h^2 for the matmuls of a Llama layer (0.15 w / h), and runs ~1.3x less efficiently (measured
+# on CPU at the TRL benchmark's shapes: attention 13% of forward + backward at w = 196, h = 256).
+ATTENTION_PER_COLUMN = 0.2
+_WIDTH_STEP = 8  # candidate widths: every 8 tokens from the longest sequence up
 
 
-def shared_width(longest: int) -> int:
-    """Row width for packing with shared prompts, given the longest sequence."""
-    return max(longest, min(int(SHARED_WIDTH * longest), SHARED_MAX_WIDTH))
+def shared_width(lengths: list[int], groups: list[tuple[int, list[int]]] | None, hidden_size: int) -> int:
+    """Row width for packing with shared prompts: the candidate (every ``_WIDTH_STEP`` tokens from
+    the longest sequence to ``SHARED_WIDTH`` times it, at most ``SHARED_MAX_WIDTH``) whose layout
+    costs least, a slot costing ``1 + ATTENTION_PER_COLUMN * width / hidden_size``. How the
+    samples of a group split into rows decides it: e.g. a 16-token prompt with 8 samples of 31
+    more tokens fits as two rows of 140 tokens, but a row of 196 holds 5 samples and leaves 3."""
+    longest = max(lengths)
+    top = max(longest, min(int(SHARED_WIDTH * longest), SHARED_MAX_WIDTH))
+    best_cost, best = float("inf"), longest
+    for w in sorted({*range(longest, top + 1, _WIDTH_STEP), top}):
+        rows = len(first_fit_decreasing([_unit_length(u, lengths) for u in layout_units(lengths, groups, w)], w))
+        cost = rows * w * (1 + ATTENTION_PER_COLUMN * w / hidden_size)
+        if cost < best_cost:
+            best_cost, best = cost, w
+    return best
 
 
 def causal_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Packed:
@@ -240,7 +258,7 @@ def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     B, T = input_ids.shape
     groups = shared_prompts(input_ids, attention_mask, want) if share_prompts and want is not None else None
     if groups and width is None:
-        width = shared_width(int(attention_mask.sum(dim=1).max()))
+        width = shared_width(attention_mask.sum(dim=1).tolist(), groups, model.config.hidden_size)
     if packing is None:
         stats = padding_stats(attention_mask, width, groups)
         packing = stats["packed_slots"] <= (1 - PACK_MIN_SAVING) * stats["padded_slots"]
@@ -280,5 +298,5 @@ def padding_stats(attention_mask: torch.Tensor, width: int | None = None,
             "packed_slots": float(rows * w)}
 
 
-__all__ = ["PACK_MIN_SAVING", "SHARED_MAX_WIDTH", "SHARED_WIDTH", "Packed", "causal_rows", "first_fit_decreasing",
+__all__ = ["ATTENTION_PER_COLUMN", "PACK_MIN_SAVING", "SHARED_MAX_WIDTH", "SHARED_WIDTH", "Packed", "causal_rows", "first_fit_decreasing",
            "layout_units", "pack", "packed_logprobs", "padding_stats", "shared_prompts", "shared_width"]
