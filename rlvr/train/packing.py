@@ -224,8 +224,7 @@ def shared_width(lengths: list[int], groups: list[tuple[int, list[int]]] | None,
     top = max(longest, min(int(SHARED_WIDTH * longest), SHARED_MAX_WIDTH))
     best_cost, best = float("inf"), longest
     for w in sorted({*range(longest, top + 1, _WIDTH_STEP), top}):
-        rows = len(first_fit_decreasing([_unit_length(u, lengths) for u in layout_units(lengths, groups, w)], w))
-        cost = rows * w * (1 + ATTENTION_PER_COLUMN * w / hidden_size)
+        cost = _row_count(lengths, groups, w) * w * (1 + ATTENTION_PER_COLUMN * w / hidden_size)
         if cost < best_cost:
             best_cost, best = cost, w
     return best
@@ -293,9 +292,13 @@ def padding_stats(attention_mask: torch.Tensor, width: int | None = None,
     """Token slots of the padded batch vs the packed rows, for metrics and benchmarks."""
     lengths = attention_mask.sum(dim=1).tolist()
     w = max(int(width or 0), max(lengths), 1)
-    rows = len(first_fit_decreasing([_unit_length(u, lengths) for u in layout_units(lengths, groups, w)], w))
     return {"real_tokens": float(sum(lengths)), "padded_slots": float(attention_mask.numel()),
-            "packed_slots": float(rows * w)}
+            "packed_slots": float(_row_count(lengths, groups, w) * w)}
+
+
+def _row_count(lengths: list[int], groups: list[tuple[int, list[int]]] | None, width: int) -> int:
+    """Rows ``pack`` lays these sequences out in."""
+    return len(first_fit_decreasing([_unit_length(u, lengths) for u in layout_units(lengths, groups, width)], width))
 
 
 __all__ = ["ATTENTION_PER_COLUMN", "PACK_MIN_SAVING", "SHARED_MAX_WIDTH", "SHARED_WIDTH", "Packed", "causal_rows", "first_fit_decreasing",
