@@ -257,7 +257,7 @@ def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     B, T = input_ids.shape
     groups = shared_prompts(input_ids, attention_mask, want) if share_prompts and want is not None else None
     if groups and width is None:
-        width = shared_width(attention_mask.sum(dim=1).tolist(), groups, model.config.hidden_size)
+        width = shared_width(attention_mask.sum(dim=1).tolist(), groups, model.get_input_embeddings().embedding_dim)
     if packing is None:
         stats = padding_stats(attention_mask, width, groups)
         packing = stats["packed_slots"] <= (1 - PACK_MIN_SAVING) * stats["padded_slots"]
