@@ -118,7 +118,7 @@ class Clock:
 
 class RlvrSide:
     def __init__(self, model_dir: str, out: str, tasks, seed: int, packing: bool = True,
-                 share_prompts: bool = True, precision: str = "model") -> None:
+                 share_prompts: bool = True, precision: str = "model", compile: bool = False) -> None:
         import rlvr.train.grpo as grpo
         from rlvr.train.common import OptimConfig
 
@@ -128,7 +128,8 @@ class RlvrSide:
             rollout=grpo.RolloutConfig(tasks_per_step=8, samples_per_task=8, max_new_tokens=32, temperature=1.0,
                                        top_p=1.0, batch_size=64, precision=precision),
             algo=grpo.AlgoConfig(drop_zero_variance=False, clip_low=0.2, clip_high=0.28, microbatch_size=64,
-                                 packing=packing, share_prompts=share_prompts, precision=precision),
+                                 packing=packing, share_prompts=share_prompts, precision=precision,
+                                 compile=compile),
             optim=OptimConfig(lr=1e-6, warmup_steps=0, grad_clip=1.0), checkpoint_every=10_000,
             save_trajectories_every=10_000)
         self.run = grpo.setup(self.cfg, resume=False)
@@ -255,6 +256,9 @@ def main() -> None:
                     help="both sides in bf16 mixed precision (TRL bf16=True; rlvr rollout/algo precision bf16)")
     ap.add_argument("--rlvr-bf16", action="store_true",
                     help="rlvr in bf16 mixed precision, TRL at its fp32 (each side's matmul fraction of its own GEMM rate)")
+    ap.add_argument("--compile", action="store_true",
+                    help="rlvr with algo.compile (compiled decoder layers in the update; the warmup steps "
+                         "absorb the compile)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     rounds = a.rounds or (4 if a.size == "small" else 3)
@@ -282,7 +286,8 @@ def main() -> None:
 
     torch.manual_seed(a.seed)
     rl = RlvrSide(model_dir, str(Path(tmp) / "rlvr"), tasks, a.seed, packing=not a.no_packing,
-                  share_prompts=not a.no_share_prompts, precision="bf16" if a.bf16 or a.rlvr_bf16 else "model")
+                  share_prompts=not a.no_share_prompts, precision="bf16" if a.bf16 or a.rlvr_bf16 else "model",
+                  compile=a.compile)
     gemm = {"trl": "bf16" if a.bf16 else "fp32", "rlvr": "bf16" if a.bf16 or a.rlvr_bf16 else "fp32"}
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     trl_clock = Clock()
@@ -332,7 +337,8 @@ def main() -> None:
                         checkpointing=a.trl_gradient_checkpointing, bf16=a.bf16)
     instrument_trl(trainer, trl_clock)
     print(f"grpo step vs TRL {trl.__version__}: {a.size} model ({params / 1e6:.2f}M params), 8 prompts x 8 samples "
-          f"x <= 32 new tokens, GEMMs: TRL {gemm['trl']}, rlvr {gemm['rlvr']}; {machine_note()}", flush=True)
+          f"x <= 32 new tokens, GEMMs: TRL {gemm['trl']}, rlvr {gemm['rlvr']}{' (compiled layers)' * a.compile}; "
+          f"{machine_note()}", flush=True)
     trainer.train()
 
     rate_of = {g: statistics.median(r) for g, r in rates.items()}
@@ -359,7 +365,7 @@ def main() -> None:
     write_json(a.json, {"size": a.size, "params": params, "trl_version": trl.__version__, "speedup": speedup,
                         "matmul_rate_gflops": rate_of, "matmul_rates": rates, "machine": machine_note(),
                         "threads": torch.get_num_threads(), "rlvr_packing": not a.no_packing,
-                        "rlvr_share_prompts": not a.no_share_prompts,
+                        "rlvr_share_prompts": not a.no_share_prompts, "rlvr_compile": a.compile,
                         "trl_gradient_checkpointing": a.trl_gradient_checkpointing,
                         "gemm": gemm, **summary})
 
