@@ -186,6 +186,9 @@ def test_weighted_counts_sum_to_n_by_largest_remainder():
     assert weighted_counts(6400, [3, 1]) == [4800, 1600]
     assert weighted_counts(7, [0, 2, 5]) == [0, 2, 5]
     assert weighted_counts(5, [1, 2]) == [2, 3]
+    for bad in ([0, 0], [2, -1], []):  # a clear error, not a ZeroDivisionError or a silent wrong split
+        with pytest.raises(ValueError, match="positive sum"):
+            weighted_counts(4, bad)
 
 
 # ---------------------------------------------------------------- corpus

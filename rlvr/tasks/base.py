@@ -191,7 +191,10 @@ def generate_tasks(
 
 
 def weighted_counts(n: int, weights: list[float]) -> list[int]:
-    """``n`` split in proportion to ``weights`` (largest remainder; ties to the earlier entry)."""
+    """``n`` split in proportion to ``weights`` (largest remainder; ties to the earlier entry).
+    Raises ``ValueError`` for a negative weight or weights that sum to zero."""
+    if any(w < 0 for w in weights) or not sum(weights) > 0:
+        raise ValueError(f"weights must be >= 0 with a positive sum, got {list(weights)}")
     total = sum(weights)
     exact = [n * w / total for w in weights]
     counts = [int(x) for x in exact]
