@@ -8,6 +8,7 @@ import torch
 from test_packing import _model, _trajectories, grouped  # noqa: F401  (same tiny model and batches)
 
 from rlvr.train.batching import collate
+from rlvr.errors import ConfigError
 from rlvr.train.compiled import compiled_layers, decoder_layers
 
 
@@ -65,3 +66,16 @@ def test_a_model_without_decoder_layers_runs_eager():
     assert decoder_layers(lin) is None
     with compiled_layers(lin):
         assert lin(torch.ones(1, 3)).shape == (1, 3)
+
+
+def test_no_cpu_compiler_is_a_config_error_naming_the_key(monkeypatch):
+    import rlvr.train.compiled as compiled
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CXX", raising=False)
+    model = _model()
+    with pytest.raises(ConfigError, match="algo.compile"):
+        with compiled_layers(model):
+            pass
+    assert model not in compiled._COMPILED
+    assert all(not isinstance(x, torch._dynamo.eval_frame.OptimizedModule) for x in decoder_layers(model))

@@ -13,17 +13,22 @@ gradients match the eager forward up to float summation order (tests/test_compil
 - Dynamic shapes: packed batches change rows and width every step; one compile serves them all
   (about 20-30 s on 2 CPU cores for the benchmark models, once per run; a change of autocast or
   grad mode compiles once more).
-- On CPU the generated kernels are C++ and need a compiler (``g++``/``clang``) on the machine.
+- On CPU the generated kernels are C++ and need a compiler (``g++``/``clang++``) on the machine:
+  without one the first compiled forward raises ``ConfigError`` naming ``algo.compile``.
 - A model whose decoder layers cannot be found (``model.<base_model_prefix>.layers``) runs eager.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import weakref
 from typing import Iterator
 
 import torch
+
+from rlvr.errors import ConfigError
 
 _COMPILED: "weakref.WeakKeyDictionary[torch.nn.Module, list[torch.nn.Module]]" = weakref.WeakKeyDictionary()
 
@@ -46,6 +51,8 @@ def compiled_layers(model: torch.nn.Module, enabled: bool = True) -> Iterator[No
     eager = list(layers)
     compiled = _COMPILED.get(model)
     if compiled is None or any(c._orig_mod is not e for c, e in zip(compiled, eager)):
+        if next(model.parameters()).device.type == "cpu":
+            check_cpu_compiler()
         compiled = [torch.compile(layer, dynamic=True) for layer in eager]
         _COMPILED[model] = compiled
     for i, c in enumerate(compiled):
@@ -55,3 +62,13 @@ def compiled_layers(model: torch.nn.Module, enabled: bool = True) -> Iterator[No
     finally:
         for i, e in enumerate(eager):
             layers[i] = e
+
+
+def check_cpu_compiler() -> None:
+    """Raise ``ConfigError`` when no C++ compiler is found: inductor's CPU kernels are C++ built at
+    run time (``$CXX``, else ``g++``, ``clang++`` or ``c++`` on the PATH)."""
+    cxx = os.environ.get("CXX")
+    if (cxx and shutil.which(cxx)) or any(shutil.which(c) for c in ("g++", "clang++", "c++")):
+        return
+    raise ConfigError("config key 'algo.compile': torch.compile on CPU builds C++ kernels at run time and no "
+                      "C++ compiler was found ($CXX, g++, clang++ or c++); install one or set algo.compile=false")
