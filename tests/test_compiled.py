@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from test_packing import _model, _trajectories, grouped  # noqa: F401  (same tiny model and batches)
 
-from rlvr.train.batching import collate
 from rlvr.errors import ConfigError
+from rlvr.train.batching import collate
 from rlvr.train.compiled import compiled_layers, decoder_layers
 
 
@@ -17,7 +16,7 @@ def _grpo_loss_and_grads(model, batch, compile: bool, share: bool):
 
     totals = {"num_tokens": float(batch.loss_mask.sum()), "num_seqs": float(batch.input_ids.shape[0]), "max_tokens": 12}
     model.zero_grad(set_to_none=True)
-    loss, metrics = micro_loss(model, batch, AlgoConfig(compile=compile, share_prompts=share), totals)
+    loss, _ = micro_loss(model, batch, AlgoConfig(compile=compile, share_prompts=share), totals)
     loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -69,13 +68,12 @@ def test_a_model_without_decoder_layers_runs_eager():
 
 
 def test_no_cpu_compiler_is_a_config_error_naming_the_key(monkeypatch):
-    import rlvr.train.compiled as compiled
+    from rlvr.train import compiled
 
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.delenv("CXX", raising=False)
     model = _model()
-    with pytest.raises(ConfigError, match="algo.compile"):
-        with compiled_layers(model):
-            pass
+    with pytest.raises(ConfigError, match="algo.compile"), compiled_layers(model):
+        pass
     assert model not in compiled._COMPILED
     assert all(not isinstance(x, torch._dynamo.eval_frame.OptimizedModule) for x in decoder_layers(model))

@@ -24,13 +24,13 @@ import contextlib
 import os
 import shutil
 import weakref
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
 from rlvr.errors import ConfigError
 
-_COMPILED: "weakref.WeakKeyDictionary[torch.nn.Module, list[torch.nn.Module]]" = weakref.WeakKeyDictionary()
+_COMPILED: weakref.WeakKeyDictionary[torch.nn.Module, list[torch.nn.Module]] = weakref.WeakKeyDictionary()
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList | None:
