@@ -171,6 +171,29 @@ def scripted_generate(script: list[str], tok):
     return fake
 
 
+def test_every_turn_samples_with_the_episodes_settings(model_tok, monkeypatch):
+    """Temperature, top-p, stop tokens and precision reach every turn's generate call (a bf16
+    rollout stays bf16 after the first turn); only the budget and group size are per turn."""
+    model, tok = model_tok
+    seen: list[SamplingParams] = []
+    fake = scripted_generate([format_call("echo", {"text": "a"}), format_call("submit", {"answer": "ok"})], tok)
+
+    def recording(model, prompts, params, **kw):
+        seen.append(params)
+        return fake(model, prompts, params, **kw)
+
+    monkeypatch.setattr(episodes_mod, "generate", recording)
+    params = SamplingParams(n=2, temperature=0.7, top_p=0.9, stop_token_ids=[tok.eos_token_id], precision="bf16")
+    pool = EnvPool(EnvConfig(max_turns=4, turn_tokens=200, max_tokens=1000, max_context=2048))
+    eps = collect_episodes(model, tok, [echo_task(0)], params, pool, generator=torch.Generator().manual_seed(0))
+    pool.close()
+    assert [e.trajectory.info["finish"] for e in eps] == ["submit", "submit"]
+    assert len(seen) >= 2  # the first turn and the one after the tool result
+    for p in seen:
+        assert (p.temperature, p.top_p, p.stop_token_ids, p.precision) == (0.7, 0.9, (tok.eos_token_id,), "bf16")
+        assert p.max_new_tokens <= 200
+
+
 def test_scripted_episode_trajectory_equals_the_rendered_conversation(model_tok, monkeypatch):
     model, tok = model_tok
     script = [format_call("echo", {"text": "hi"}), "<tool_call>{broken", format_call("submit", {"answer": "ok"})]

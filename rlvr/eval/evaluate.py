@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import torch
 
 from rlvr.algos.passk import pass_at_k, wilson_interval, confidence_interval
-from rlvr.config import check_range
+from rlvr.config import check_choice, check_range
 from rlvr.envs.base import EnvConfig, is_multi_turn
-from rlvr.rollout.engine import SamplingParams
+from rlvr.rollout.engine import PRECISIONS, SamplingParams
 from rlvr.rollout.episodes import EnvPool, judge, run_tasks
 from rlvr.types import Task
 
@@ -39,12 +39,16 @@ class EvalConfig:
     """Generation budget per answer."""
     batch_size: int = 256
     """Sequences decoded together."""
+    precision: str = "model"
+    """model | bf16: the engine's GEMMs in the model's dtype or in bfloat16 (``SamplingParams.precision``;
+    faster on a CPU with bf16 GEMMs, at bf16 rounding of the logits, so a greedy answer can differ)."""
     env: EnvConfig = field(default_factory=EnvConfig)
     """Budgets of multi-turn episodes (the same as in training, for a fair comparison)."""
 
     def __post_init__(self) -> None:
         check_range("eval.tasks", self.tasks, 1)
         check_range("eval.samples", self.samples, 1)
+        check_choice("eval.precision", self.precision, list(PRECISIONS))
         for k in self.k:
             check_range("eval.k", k, 1, self.samples)
 
@@ -56,7 +60,7 @@ def evaluate(model, tokenizer, tasks: list[Task], cfg: EvalConfig, *, seed: int 
     (default: the process-wide shared sandbox)."""
     params = SamplingParams(
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0, n=cfg.samples,
-        stop_token_ids=[tokenizer.eos_token_id],
+        stop_token_ids=[tokenizer.eos_token_id], precision=cfg.precision,
     )
     gen = torch.Generator().manual_seed(seed)
     pool = None

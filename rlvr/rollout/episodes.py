@@ -204,8 +204,9 @@ def _generate_turn(model, tokenizer, active: list[_Live], params: SamplingParams
     order = [r for rows in groups.values() for r in rows] if k > 1 else list(range(len(active)))
     firsts = [rows[0] for rows in groups.values()] if k > 1 else order  # a row of each prompt
     past = [active[r].cache for r in firsts] if reuse_cache else None
-    turn_params = SamplingParams(max_new_tokens=max(b for b, _ in budgets), temperature=params.temperature,
-                                 top_p=params.top_p, n=k, stop_token_ids=params.stop_token_ids)
+    # The episode's sampling settings (temperature, top-p, stop tokens, precision) with this turn's
+    # budget and group size; turns end at stop tokens and budgets, the environment reads the text.
+    turn_params = dataclasses.replace(params, max_new_tokens=max(b for b, _ in budgets), n=k, stop=())
     completions = generate(model, prompts, turn_params, generator=generator,
                            pad_token_id=tokenizer.pad_token_id, batch_size=batch_size,
                            past=past if past and any(c is not None for c in past) else None,
