@@ -37,6 +37,37 @@ def check_range(key: str, value: float, lo: float | None = None, hi: float | Non
         raise ConfigError(f"config key '{key}' = {value!r} must be in [{lo_s}, {hi_s}]")
 
 
+DEVICES = "cpu | cuda | cuda:N | auto"
+
+
+def check_device(key: str, value: str) -> None:
+    """Raise ConfigError unless ``value`` names a device (``DEVICES``); whether it exists here is
+    checked when it is used (``resolve_device``), so a GPU recipe validates on a laptop."""
+    ok = value in ("cpu", "cuda", "auto") or (
+        value.startswith("cuda:") and value[5:].isdigit())
+    if not ok:
+        raise ConfigError(f"config key '{key}' = {value!r} is not a device; choose one of: {DEVICES}")
+
+
+def resolve_device(key: str, value: str):
+    """The ``torch.device`` for a checked device name: ``auto`` is cuda when torch sees a GPU;
+    cuda on a machine without one raises ConfigError naming ``key``."""
+    import torch
+
+    check_device(key, value)
+    if value == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(value)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"config key '{key}' = {value!r}, but torch sees no CUDA device on this machine "
+                              f"(torch {torch.__version__}); use cpu or auto")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"config key '{key}' = {value!r}, but torch sees {torch.cuda.device_count()} "
+                              "CUDA device(s)")
+    return device
+
+
 def _type_name(tp: Any) -> str:
     if get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(tp))

@@ -347,7 +347,7 @@ def test_async_grpo_on_multi_turn_episodes(tiny_model_dir, tmp_path, monkeypatch
     bias = torch.zeros(model.lm_head.out_features)
     bias[tok.eos_token_id] = 3.0  # as in test_grpo_multiturn: a random model rarely ends a turn
     model.lm_head.bias = torch.nn.Parameter(bias, requires_grad=False)
-    monkeypatch.setattr(grpo, "load_model_and_tokenizer", lambda path: (model, tok))
+    monkeypatch.setattr(grpo, "load_model_and_tokenizer", lambda path, **kw: (model, tok))
     overrides = [
         f"model={tiny_model_dir}", f"out={tmp_path / 'run'}", "domains=[test.twoturn]", "levels=[1]",
         "train_tasks=16", "rollout.tasks_per_step=4", "rollout.samples_per_task=8", "env.turn_tokens=8",

@@ -185,3 +185,42 @@ def test_task_files_join_the_pool_and_broken_tasks_are_dropped(tiny_model_dir, t
 
     with pytest.raises(UserError, match=r"bad\.jsonl:2: .*'test'"):
         run_grpo(_cfg(tiny_model_dir, tmp_path / "run2", steps=1, task_files=f"[{bad}]"), progress=False)
+
+
+def test_device_is_checked_by_name_and_resolved_where_the_run_starts(tiny_model_dir, tmp_path):
+    import torch
+
+    from rlvr.config import resolve_device
+    from rlvr.errors import ConfigError
+    from rlvr.train import grpo
+
+    for bad in ("gpu", "cuda:x", "CPU"):
+        with pytest.raises(ConfigError, match="config key 'device'"):
+            _cfg(tiny_model_dir, tmp_path / "bad", device=bad)
+    here = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("device", "auto") == here
+    if not torch.cuda.is_available():  # a GPU recipe validates on a laptop and stops where it would start
+        cfg = _cfg(tiny_model_dir, tmp_path / "gpu", device="cuda")
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            grpo.setup(cfg, resume=False)
+    run = grpo.setup(_cfg(tiny_model_dir, tmp_path / "auto", device="auto"), resume=False)
+    assert next(run.model.parameters()).device.type == here.type
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compile", [False, True])
+def test_grpo_on_cuda_in_bf16_changes_every_parameter(tiny_model_dir, tmp_path, compile):
+    import torch
+
+    from rlvr.model.load import load_model
+    from rlvr.train.grpo import run_grpo
+
+    cfg = _cfg(tiny_model_dir, tmp_path / "run", steps=4, device="cuda", **{
+        "rollout.precision": "bf16", "algo.precision": "bf16", "algo.compile": compile})
+    run_grpo(cfg, progress=False)
+    before = dict(load_model(tiny_model_dir).named_parameters())
+    after = dict(load_model(tmp_path / "run" / "final").named_parameters())
+    assert not [n for n, p in after.items() if torch.equal(p, before[n])]
+    metrics = read_metrics(tmp_path / "run")
+    assert len(metrics) == 4
+    assert all(0 <= m["rollout/logprob_mismatch_kl"] < 1e-2 for m in metrics)

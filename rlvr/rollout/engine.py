@@ -146,7 +146,9 @@ def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Gener
     # vocabulary entry, ~8x slower here). A token of probability 0 is never picked: its CDF step
     # is empty.
     cdf = scaled.softmax(dim=-1).cumsum(dim=-1)
-    u = torch.rand((cdf.shape[0], 1), generator=generator, device=cdf.device, dtype=cdf.dtype) * cdf[:, -1:]
+    # The uniforms come from ``generator``'s device (a CPU generator also drives a GPU engine).
+    at = generator.device if generator is not None else cdf.device
+    u = torch.rand((cdf.shape[0], 1), generator=generator, device=at, dtype=cdf.dtype).to(cdf.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
 
 
@@ -168,7 +170,7 @@ def generate(
     prompt-major (all of prompt 0's samples first).
 
     ``batch_size`` caps the rows (samples) decoded together; None decodes everything at once.
-    ``generator`` (on the model's device) makes sampling reproducible; ``pad_token_id`` fills the
+    ``generator`` (on any device: the uniforms are drawn there) makes sampling reproducible; ``pad_token_id`` fills the
     left padding of prompts (it is masked, so any id works). ``tokenizer`` is needed only for
     ``params.stop`` (stop strings). ``backend``: ``"fast"`` is rlvr's own decoder for Llama-layout
     models (``rollout/decoder.py``), ``"hf"`` the Hugging Face forward with its cache, ``"auto"``

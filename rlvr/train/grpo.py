@@ -35,7 +35,7 @@ from rlvr.algos.advantages import ADVANTAGES, group_has_variance
 from rlvr.algos.kl import KL_ESTIMATORS, logprob_mismatch_kl
 from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES
 from rlvr.algos.penalties import truncated_is_weights
-from rlvr.config import check_choice, check_range
+from rlvr.config import check_choice, check_device, check_range, resolve_device
 from rlvr.curriculum.pool import TaskPool
 from rlvr.errors import ConfigError
 from rlvr.eval.evaluate import EvalConfig, evaluate
@@ -157,6 +157,10 @@ class GRPOConfig:
     """Run directory (config, metrics, checkpoints, final model)."""
     seed: int = 0
     """Seed for the task pool, sampling and update order."""
+    device: str = "cpu"
+    """Where the policy (and the reference model) train and generate: cpu | cuda | cuda:N | auto
+    (cuda when torch sees a GPU, else cpu). Sampling draws its random numbers on the CPU
+    generator whatever the device, so a seed gives the same task order everywhere."""
     domains: list[str] = field(default_factory=lambda: ["math.arith", "math.word"])
     """Training domains."""
     levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
@@ -194,6 +198,7 @@ class GRPOConfig:
     """Asynchronous mode: generation, verification and updates overlap (docs/async.md)."""
 
     def __post_init__(self) -> None:
+        check_device("device", self.device)
         check_range("steps", self.steps, 1)
         check_range("checkpoint_every", self.checkpoint_every, 1)
         for name, w in self.domain_weights.items():
@@ -288,10 +293,11 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     seed_everything(cfg.seed)
     run_dir = prepare_run_dir(cfg.out, cfg)
     ckpt = latest_checkpoint(run_dir) if resume else None
-    model, tokenizer = load_model_and_tokenizer(str(ckpt) if ckpt else cfg.model)
+    device = resolve_device("device", cfg.device)
+    model, tokenizer = load_model_and_tokenizer(str(ckpt) if ckpt else cfg.model, device=device)
     ref_model = None
     if cfg.algo.kl_coef > 0:
-        ref_model, _ = load_model_and_tokenizer(cfg.model)
+        ref_model, _ = load_model_and_tokenizer(cfg.model, device=device)
         ref_model.eval().requires_grad_(False)
     needs_sandbox = bool(cfg.task_files) or any(
         getattr(DOMAINS.get(d), "needs_sandbox", False) for d in cfg.domains)
@@ -381,7 +387,8 @@ def update(run: Run, kept: list[Scored], advantages: list[float], cfg: GRPOConfi
     if not kept:
         return {"train/skipped": 1.0}
     a = cfg.algo
-    batch = collate([s.trajectory for s in kept], advantages, run.tokenizer.pad_token_id)
+    device = next(run.model.parameters()).device
+    batch = collate([s.trajectory for s in kept], advantages, run.tokenizer.pad_token_id).to(device)
     budget = max(int(s.trajectory.info.get("max_tokens", cfg.rollout.max_new_tokens)) for s in kept)
     if run.ref_model is not None:
         with torch.no_grad():
@@ -452,7 +459,7 @@ def off_policy_correction(run: Run, batch: Batch, kept: list[Scored], cfg: GRPOC
     Single-pass update (one epoch, one mini-batch: the default): the loss's own forward runs at
     exactly those weights, so it supplies pi_old (``off_policy_terms``): no extra forward, only
     ``batch.stale`` is set. Otherwise one no-grad forward over the stale rows, before any step."""
-    stale = torch.tensor([s.trajectory.policy_version < run.step for s in kept])
+    stale = torch.tensor([s.trajectory.policy_version < run.step for s in kept], device=batch.input_ids.device)
     out = {"async/stale_frac": float(stale.float().mean())}
     if not stale.any():
         return out
