@@ -7,7 +7,7 @@ SYSTEM_PACKAGES := bubblewrap libseccomp2
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow test-all bench bench-trl check-sandbox clean
+.PHONY: setup demo test test-slow test-all bench bench-trl bench-gpu check-sandbox clean
 
 setup: $(VENV)/.installed
 
@@ -59,6 +59,12 @@ $(TRL_VENV)/.installed: pyproject.toml Makefile
 bench-trl: $(TRL_VENV)/.installed
 	$(TRL_VENV)/bin/python benchmarks/grpo_step_vs_trl.py --size small --json runs/bench/grpo_step_vs_trl_small.json
 	$(TRL_VENV)/bin/python benchmarks/grpo_step_vs_trl.py --size medium --json runs/bench/grpo_step_vs_trl_medium.json
+
+# The GPU check of issue 6 (engine + GRPO step on CUDA in bf16, ~150M model). On a GPU machine
+# install a CUDA build of torch: `make bench-gpu TORCH_SPEC=torch` (a fresh venv, or VENV=...).
+bench-gpu: setup
+	$(PY) benchmarks/gpu_step.py --json runs/bench/gpu_step.json
+	$(PY) -m pytest -q -m gpu
 
 check-sandbox: setup
 	$(VENV)/bin/rlvr sandbox check

@@ -118,16 +118,20 @@ class Clock:
 
 class RlvrSide:
     def __init__(self, model_dir: str, out: str, tasks, seed: int, packing: bool = True,
-                 share_prompts: bool = True, precision: str = "model", compile: bool = False) -> None:
+                 share_prompts: bool = True, precision: str = "model", compile: bool = False,
+                 device: str = "cpu", samples: int = 8, max_new_tokens: int = 32) -> None:
         import rlvr.train.grpo as grpo
         from rlvr.train.common import OptimConfig
 
         self.grpo, self.tasks = grpo, tasks
+        n = len(tasks) * samples
         self.cfg = grpo.GRPOConfig(
-            model=model_dir, out=out, seed=seed, domains=["math.arith"], train_tasks=8, steps=10_000,
-            rollout=grpo.RolloutConfig(tasks_per_step=8, samples_per_task=8, max_new_tokens=32, temperature=1.0,
-                                       top_p=1.0, batch_size=64, precision=precision),
-            algo=grpo.AlgoConfig(drop_zero_variance=False, clip_low=0.2, clip_high=0.28, microbatch_size=64,
+            model=model_dir, out=out, seed=seed, device=device, domains=["math.arith"], train_tasks=len(tasks),
+            steps=10_000,
+            rollout=grpo.RolloutConfig(tasks_per_step=len(tasks), samples_per_task=samples,
+                                       max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, batch_size=n,
+                                       precision=precision),
+            algo=grpo.AlgoConfig(drop_zero_variance=False, clip_low=0.2, clip_high=0.28, microbatch_size=n,
                                  packing=packing, share_prompts=share_prompts, precision=precision,
                                  compile=compile),
             optim=OptimConfig(lr=1e-6, warmup_steps=0, grad_clip=1.0), checkpoint_every=10_000,
@@ -135,13 +139,18 @@ class RlvrSide:
         self.run = grpo.setup(self.cfg, resume=False)
         self.clock = Clock()
         self.model = self.run.model
+        on_cuda = next(self.model.parameters()).device.type == "cuda"
+        sync = torch.cuda.synchronize if on_cuda else (lambda: None)  # phase edges wait for the GPU
+        self.sync = sync
         # Instrument update(): forward = micro_loss, optimizer = clip_and_step, backward = between them.
         micro_loss, clip_and_step = grpo.micro_loss, grpo.clip_and_step
         side = self
 
         def timed_micro_loss(model, micro, *args, **kwargs):
+            sync()
             t0 = time.perf_counter()
             out = micro_loss(model, micro, *args, **kwargs)
+            sync()
             side.clock.add("forward", time.perf_counter() - t0)
             lens = micro.attention_mask.sum(1).tolist()
             comp = micro.loss_mask.sum(1).long().tolist()
@@ -152,11 +161,13 @@ class RlvrSide:
             return out
 
         def timed_clip_and_step(*args, **kwargs):
+            sync()
             t0 = time.perf_counter()
             side.clock.add("backward", t0 - side._fwd_end)
             try:
                 return clip_and_step(*args, **kwargs)
             finally:
+                sync()
                 side.clock.add("optimizer", time.perf_counter() - t0)
 
         grpo.micro_loss, grpo.clip_and_step = timed_micro_loss, timed_clip_and_step
