@@ -215,6 +215,8 @@ def test_grpo_on_cuda_in_bf16_changes_every_parameter(tiny_model_dir, tmp_path, 
     from rlvr.model.load import load_model
     from rlvr.train.grpo import run_grpo
 
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
     cfg = _cfg(tiny_model_dir, tmp_path / "run", steps=4, device="cuda", **{
         "rollout.precision": "bf16", "algo.precision": "bf16", "algo.compile": compile})
     run_grpo(cfg, progress=False)
