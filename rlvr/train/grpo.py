@@ -159,8 +159,9 @@ class GRPOConfig:
     """Seed for the task pool, sampling and update order."""
     device: str = "cpu"
     """Where the policy (and the reference model) train and generate: cpu | cuda | cuda:N | auto
-    (cuda when torch sees a GPU, else cpu). Sampling draws its random numbers on the CPU
-    generator whatever the device, so a seed gives the same task order everywhere."""
+    (cuda when torch sees a GPU, else cpu). The run's one CPU generator drives task order, update
+    order and sampling on any device (the engine draws its uniforms on it), so resume is exact
+    there too."""
     domains: list[str] = field(default_factory=lambda: ["math.arith", "math.word"])
     """Training domains."""
     levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
