@@ -160,8 +160,8 @@ class GRPOConfig:
     device: str = "cpu"
     """Where the policy (and the reference model) train and generate: cpu | cuda | cuda:N | auto
     (cuda when torch sees a GPU, else cpu). The run's one CPU generator drives task order, update
-    order and sampling on any device (the engine draws its uniforms on it), so resume is exact
-    there too."""
+    order and sampling on any device (the engine draws its uniforms on it), so a resumed run
+    draws the same random numbers wherever it runs."""
     domains: list[str] = field(default_factory=lambda: ["math.arith", "math.word"])
     """Training domains."""
     levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
