@@ -37,8 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-from common import (  # noqa: E402
+import torch
+from common import (
     MODEL_SIZES,
     bench_model,
     bench_tokenizer,
@@ -48,7 +48,7 @@ from common import (  # noqa: E402
     print_table,
     write_json,
 )
-from grpo_step_vs_trl import PHASES, RlvrSide  # noqa: E402
+from grpo_step_vs_trl import PHASES, RlvrSide
 
 
 def device_note(device: torch.device) -> str:
