@@ -194,9 +194,15 @@ def test_device_is_checked_by_name_and_resolved_where_the_run_starts(tiny_model_
     from rlvr.errors import ConfigError
     from rlvr.train import grpo
 
+    from rlvr.train.pretrain import PretrainConfig
+    from rlvr.train.sft import SFTConfig
+
     for bad in ("gpu", "cuda:x", "CPU"):
         with pytest.raises(ConfigError, match="config key 'device'"):
             _cfg(tiny_model_dir, tmp_path / "bad", device=bad)
+        for cls, key in ((SFTConfig, "sft.device"), (PretrainConfig, "pretrain.device")):
+            with pytest.raises(ConfigError, match=f"config key '{key}'"):
+                load_config(cls, None, [f"device={bad}"])
     here = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     assert resolve_device("device", "auto") == here
     if not torch.cuda.is_available():  # a GPU recipe validates on a laptop and stops where it would start

@@ -16,7 +16,7 @@ TOY = ["docs_per_domain=40", "batch_size=8", "seq_len=64", "model.hidden_size=32
 
 
 def test_pretrain_lowers_the_loss(tmp_path):
-    cfg = load_config(pretrain.PretrainConfig, None, TOY + ["steps=30", f"out={tmp_path}/p"])
+    cfg = load_config(pretrain.PretrainConfig, None, TOY + ["steps=30", f"out={tmp_path}/p", "device=auto"])
     pretrain.run_pretrain(cfg, progress=False)
     losses = [m["train/loss"] for m in read_metrics(tmp_path / "p")]
     assert len(losses) == 30 and sum(losses[-5:]) < 0.9 * sum(losses[:5])

@@ -45,7 +45,8 @@ def test_rollout_mask_is_exactly_the_generated_tokens(tiny_model_dir):
 
 def test_sft_smoke_lowers_loss(tiny_model_dir, tmp_path):
     cfg = load_config(SFTConfig, None, [f"model={tiny_model_dir}", f"out={tmp_path}/sft", "train_tasks=64",
-                                        "steps=30", "batch_size=16", "log_every=1", "optim.lr=3e-3"])
+                                        "steps=30", "batch_size=16", "log_every=1", "optim.lr=3e-3",
+                                        "device=auto"])  # cpu here, the GPU where there is one
     run_sft(cfg, progress=False)
     losses = [m["train/loss"] for m in read_metrics(tmp_path / "sft")]
     assert len(losses) == 30

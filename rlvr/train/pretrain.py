@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from rich.progress import Progress
 
-from rlvr.config import check_range
+from rlvr.config import check_device, check_range, resolve_device
 from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint, save_model_dir
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.model.tiny import TinyModelConfig, build_tiny_model
@@ -31,6 +31,8 @@ class PretrainConfig:
     """Run directory; the model lands in <out>/final."""
     seed: int = 0
     """Seed for corpus, init and batch order."""
+    device: str = "cpu"
+    """Where the model trains: cpu | cuda | cuda:N | auto (cuda when torch sees a GPU)."""
     domains: list[str] = field(default_factory=lambda: ["math.arith", "math.word"])
     """Built-in domains whose procedural corpus is used."""
     docs_per_domain: int = 4000
@@ -53,6 +55,7 @@ class PretrainConfig:
     """Write a resumable checkpoint every this many steps (`--resume` continues from it)."""
 
     def __post_init__(self) -> None:
+        check_device("pretrain.device", self.device)
         check_range("pretrain.steps", self.steps, 1)
         check_range("pretrain.seq_len", self.seq_len, 8)
         for d in self.domains:
@@ -82,12 +85,13 @@ def run_pretrain(cfg: PretrainConfig, *, resume: bool = False, progress: bool = 
     run_dir = prepare_run_dir(cfg.out, cfg)
     start = time.perf_counter()
     ckpt = latest_checkpoint(run_dir) if resume else None
+    device = resolve_device("pretrain.device", cfg.device)
     docs = build_corpus(cfg)
     if ckpt is None:
         tokenizer = train_tokenizer(docs, vocab_size=cfg.vocab_size)
-        model = build_tiny_model(cfg.model, tokenizer, seed=cfg.seed)
+        model = build_tiny_model(cfg.model, tokenizer, seed=cfg.seed).to(device)
     else:
-        model, tokenizer = load_model_and_tokenizer(str(ckpt))
+        model, tokenizer = load_model_and_tokenizer(str(ckpt), device=device)
     data = pack(tokenizer, docs, cfg.seq_len)
     model.train()
     opt, sched = build_optimizer(model, cfg.optim, cfg.steps)
@@ -101,7 +105,7 @@ def run_pretrain(cfg: PretrainConfig, *, resume: bool = False, progress: bool = 
         job = bar.add_task("pretrain", total=cfg.steps, completed=first - 1)
         for step in range(first, cfg.steps + 1):
             rows = torch.randint(0, data.shape[0], (cfg.batch_size,), generator=gen)
-            batch = data[rows]
+            batch = data[rows].to(device)
             loss = model(input_ids=batch, labels=batch).loss
             loss.backward()
             grad_norm = clip_and_step(model, opt, sched, cfg.optim.grad_clip)

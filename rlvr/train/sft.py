@@ -20,7 +20,7 @@ import torch
 from rich.progress import Progress
 
 from rlvr.algos.losses import sft_loss
-from rlvr.config import check_range
+from rlvr.config import check_device, check_range, resolve_device
 from rlvr.model.checkpoint import save_model_dir
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.model.tokenizer import encode_chat_prompt, encode_completion
@@ -42,6 +42,8 @@ class SFTConfig:
     """Run directory; the model lands in <out>/final."""
     seed: int = 0
     """Seed for task draw, init of the order and batches."""
+    device: str = "cpu"
+    """Where the model trains: cpu | cuda | cuda:N | auto (cuda when torch sees a GPU)."""
     domains: list[str] = field(default_factory=lambda: ["math.arith", "math.word"])
     """Domains whose train split supplies the demonstrations."""
     levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
@@ -63,6 +65,7 @@ class SFTConfig:
     """Where the tools of multi-turn demonstrations run (opened only if there are any)."""
 
     def __post_init__(self) -> None:
+        check_device("sft.device", self.device)
         check_range("sft.steps", self.steps, 1)
         check_range("sft.batch_size", self.batch_size, 1)
 
@@ -102,7 +105,8 @@ def run_sft(cfg: SFTConfig, *, progress: bool = True) -> dict:
     seed_everything(cfg.seed)
     run_dir = prepare_run_dir(cfg.out, cfg)
     start = time.perf_counter()
-    model, tokenizer = load_model_and_tokenizer(cfg.model)
+    device = resolve_device("sft.device", cfg.device)
+    model, tokenizer = load_model_and_tokenizer(cfg.model, device=device)
     model.train()
     tasks = generate_tasks(cfg.domains, "train", cfg.train_tasks, seed=cfg.seed, levels=cfg.levels)
     sandbox = None
@@ -124,9 +128,9 @@ def run_sft(cfg: SFTConfig, *, progress: bool = True) -> dict:
                 order, cursor = torch.randperm(len(examples), generator=gen).tolist(), 0
             rows = [examples[i] for i in order[cursor: cursor + cfg.batch_size]]
             cursor += cfg.batch_size
-            ids = pad_right([r[0] for r in rows], tokenizer.pad_token_id, torch.long)
-            mask = pad_right([r[1] for r in rows], 0, torch.float32)
-            attn = pad_right([[1] * len(r[0]) for r in rows], 0, torch.long)
+            ids = pad_right([r[0] for r in rows], tokenizer.pad_token_id, torch.long).to(device)
+            mask = pad_right([r[1] for r in rows], 0, torch.float32).to(device)
+            attn = pad_right([[1] * len(r[0]) for r in rows], 0, torch.long).to(device)
             logits = model(input_ids=ids, attention_mask=attn).logits
             loss = sft_loss(logits, ids, mask)
             loss.backward()
