@@ -17,8 +17,7 @@ exercised), group-normalised advantages, PPO-clip with eps 0.2 / 0.28, token-mea
 autocast; rlvr ``rollout.precision`` and ``algo.precision`` = bf16; fp32 weights on both, and the
 matmul fraction is then of the bf16 GEMM rate).
 ``--compile``: rlvr with ``algo.compile`` (compiled decoder layers in its update; the warmup
-steps absorb the compile). TRL's own ``torch_compile`` is not used: it compiles the whole model,
-which ``model.generate`` also runs through.
+steps absorb the compile). TRL's own ``torch_compile`` option is left off (not measured).
 TRL: per_device_train_batch_size 64, gradient_accumulation 1, steps_per_generation 1,
 num_iterations 1 (so no extra old-policy forward, as in rlvr), plain ``model.generate``, no vLLM,
 gradient checkpointing off (TRL's GRPOConfig turns it on by default, which recomputes the forward
