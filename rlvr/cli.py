@@ -60,7 +60,7 @@ def cmd_train(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    from rlvr.config import apply_overrides, from_dict, read_yaml
+    from rlvr.config import apply_overrides, from_dict, read_yaml, resolve_device
     from rlvr.eval.evaluate import EvalConfig, evaluate
     from rlvr.model.load import load_model_and_tokenizer
     from rlvr.tasks.base import generate_tasks
@@ -69,7 +69,7 @@ def cmd_eval(args) -> None:
         raise UserError(f"unknown eval suite {args.suite!r}; choose one of: default")
     data = apply_overrides(read_yaml(args.config) if args.config else {}, args.overrides)
     cfg = from_dict(EvalConfig, data)
-    model, tokenizer = load_model_and_tokenizer(args.model)
+    model, tokenizer = load_model_and_tokenizer(args.model, device=resolve_device("eval.device", cfg.device))
     tasks = generate_tasks(cfg.domains, "eval", cfg.tasks, seed=cfg.seed, levels=cfg.levels)
     report = evaluate(model, tokenizer, tasks, cfg)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -85,6 +85,8 @@ def test_precision_choice_validated(key):
         (["sft", "--set", "model=/nonexistent/model", "--out", "{tmp}/sft"], "/nonexistent/model"),
         (["eval", "--model", "{tmp}/missing"], "does not exist"),
         (["train", "-c", "{tmp}/nope.yaml"], "config file"),
+        (["train", "--set", "device=gpu"], "config key 'device' = 'gpu' is not a device"),
+        (["eval", "--model", "{tmp}/missing", "--set", "device=tpu"], "config key 'eval.device'"),
     ],
 )
 def test_cli_user_errors_exit_nonzero_without_traceback(argv, needle, tmp_path, capsys):
@@ -94,6 +96,13 @@ def test_cli_user_errors_exit_nonzero_without_traceback(argv, needle, tmp_path, 
     assert needle in err
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_without_a_gpu_is_a_one_line_error_naming_the_key(tmp_path, capsys):
+    assert main(["train", "--set", "device=cuda", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "config key 'device' = 'cuda', but torch sees no CUDA device" in err and "Traceback" not in err
 
 
 def test_console_script_exit_code(tmp_path):

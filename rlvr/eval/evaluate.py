@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rlvr.algos.passk import pass_at_k, wilson_interval, confidence_interval
-from rlvr.config import check_choice, check_range
+from rlvr.config import check_choice, check_device, check_range
 from rlvr.envs.base import EnvConfig, is_multi_turn
 from rlvr.rollout.engine import PRECISIONS, SamplingParams
 from rlvr.rollout.episodes import EnvPool, judge, run_tasks
@@ -39,6 +39,9 @@ class EvalConfig:
     """Generation budget per answer."""
     batch_size: int = 256
     """Sequences decoded together."""
+    device: str = "cpu"
+    """Where ``rlvr eval`` and the quickstart's eval stages load the model: cpu | cuda | cuda:N |
+    auto (the periodic eval of a GRPO run uses the policy where it trains)."""
     precision: str = "model"
     """model | bf16: the engine's GEMMs in the model's dtype or in bfloat16 (``SamplingParams.precision``;
     faster on a CPU with bf16 GEMMs, at bf16 rounding of the logits, so a greedy answer can differ)."""
@@ -49,6 +52,7 @@ class EvalConfig:
         check_range("eval.tasks", self.tasks, 1)
         check_range("eval.samples", self.samples, 1)
         check_choice("eval.precision", self.precision, list(PRECISIONS))
+        check_device("eval.device", self.device)
         for k in self.k:
             check_range("eval.k", k, 1, self.samples)
 

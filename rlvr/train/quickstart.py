@@ -19,7 +19,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from rlvr.config import save_config, to_dict
+from rlvr.config import resolve_device, save_config, to_dict
 from rlvr.eval import plots
 from rlvr.eval.evaluate import EvalConfig, evaluate
 from rlvr.model.load import load_model_and_tokenizer
@@ -100,7 +100,8 @@ def run_quickstart(cfg: QuickstartConfig, *, resume: bool = False, console: Cons
         check_disjoint(generate_tasks(c.domains, "train", c.train_tasks, seed=c.seed, levels=c.levels), eval_tasks)
 
     def run_eval(model_dir: Path, name: str) -> dict:
-        model, tokenizer = load_model_and_tokenizer(str(model_dir))
+        device = resolve_device("eval.device", cfg.eval.device)
+        model, tokenizer = load_model_and_tokenizer(str(model_dir), device=device)
         report = evaluate(model, tokenizer, eval_tasks, cfg.eval)
         (out / "eval").mkdir(exist_ok=True)
         (out / "eval" / f"{name}.json").write_text(json.dumps(report, indent=2))
