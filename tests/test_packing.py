@@ -268,3 +268,41 @@ def test_shared_width_picks_the_cheapest_layout():
     assert cost(w, 256) <= min(cost(c, 256) for c in range(47, 189)) * (1 + 8 / 140)
     assert shared_width(lengths, groups, 4096) >= w
     assert shared_width([9], None, 256) == 9  # never narrower than the longest sequence
+
+
+def test_packed_gradients_are_bitwise_reproducible_on_two_threads():
+    """A shared prompt's last slot predicts every sample's first token, so the gather of the
+    head's inputs repeats indices; its backward must sum the repeats in a fixed order (two-thread
+    GRPO runs used to drift apart in the last bits from the first step)."""
+    import hashlib
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=61, hidden_size=128, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+                      tie_word_embeddings=True, pad_token_id=0, attn_implementation="sdpa")
+    model = LlamaForCausalLM(cfg).float()
+    g = torch.Generator().manual_seed(1)
+    trajectories = []
+    for gid in range(8):  # 8 GRPO groups of 8 samples sharing a 10-token prompt
+        prompt = torch.randint(3, 61, (10,), generator=g).tolist()
+        for _ in range(8):
+            c = int(torch.randint(20, 31, (1,), generator=g))
+            trajectories.append(Trajectory(
+                task_id=f"t{gid}", group_id=gid, messages=(), completion="",
+                token_ids=tuple(prompt + torch.randint(3, 61, (c,), generator=g).tolist()),
+                loss_mask=(0,) * 10 + (1,) * c, logprobs=(0.0,) * (10 + c), finish_reason="length"))
+    order = torch.randperm(64, generator=g).tolist()  # shuffled, as the update's mini-batches are
+    batch = collate([trajectories[i] for i in order], [0.0] * 64, pad_token_id=0)
+    weights = torch.randn(batch.input_ids.shape, generator=g)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = set()
+        for _ in range(8):
+            model.zero_grad(set_to_none=True)
+            lp = packed_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, share_prompts=True)
+            (lp * weights).sum().backward()
+            seen.add(hashlib.md5(b"".join(p.grad.numpy().tobytes() for p in model.parameters())).hexdigest())
+    finally:
+        torch.set_num_threads(threads)
+    assert len(seen) == 1

@@ -268,6 +268,10 @@ def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     if want is not None:
         targets &= want.bool()
     b_idx, t_idx = targets.nonzero(as_tuple=True)  # token (b, t) is predicted from the slot of (b, t - 1)
+    # A shared prompt's last slot predicts the first token of every sample in its row, so ``src``
+    # repeats. Gathered with ``index_select``, whose backward (``index_add``) sums the repeats in
+    # a fixed order; ``hidden[src]``'s backward (``index_put_`` with accumulate) adds them in
+    # thread order on CPU, and two-thread runs drifted apart in the last bits from the first step.
     src = rows.slot[b_idx, t_idx - 1]
     dtype = next(model.parameters()).dtype
     inputs = {"input_ids": rows.input_ids, "use_cache": False}
@@ -276,10 +280,10 @@ def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     base, head = _decoder_and_head(model)
     if base is not None:
         hidden = base(**inputs).last_hidden_state
-        logits = head(hidden.reshape(-1, hidden.shape[-1])[src]).float()
+        logits = head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, src)).float()
     else:
         logits = model(**inputs).logits
-        logits = logits.reshape(-1, logits.shape[-1])[src].float()
+        logits = logits.reshape(-1, logits.shape[-1]).index_select(0, src).float()
     tgt = input_ids[b_idx, t_idx]
     lp = logits.gather(-1, tgt[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     out = torch.zeros(B * T, dtype=torch.float32, device=input_ids.device)
