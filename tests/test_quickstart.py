@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from rlvr.config import load_config
 from rlvr.train.quickstart import QuickstartConfig, run_quickstart
 
@@ -46,3 +48,13 @@ def test_quickstart_writes_report_plots_and_a_plain_hf_model(tmp_path, capsys):
     # a second run reuses the cached pretrained model
     again = run_quickstart(cfg)
     assert again["stage_seconds"]["pretrain"] == 0.0
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")
+def test_a_stage_device_this_machine_lacks_stops_the_quickstart_before_pretraining(tmp_path):
+    from rlvr.errors import ConfigError
+
+    cfg = load_config(QuickstartConfig, None, [f"out={tmp_path}/q", "grpo.device=cuda"])
+    with pytest.raises(ConfigError, match="config key 'grpo.device'"):
+        run_quickstart(cfg)
+    assert not (tmp_path / "q" / "pretrain").exists()

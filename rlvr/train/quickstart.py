@@ -61,6 +61,7 @@ class QuickstartConfig:
 def _cache_key(cfg: PretrainConfig) -> str:
     d = to_dict(cfg)
     d.pop("out")
+    d.pop("device")  # where it trained is not what it is: a cached model serves any device
     return hashlib.sha256(yaml.safe_dump(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -69,6 +70,12 @@ def run_quickstart(cfg: QuickstartConfig, *, resume: bool = False, console: Cons
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
+    # Every stage's device is resolved now: one that this machine lacks stops the run before the
+    # stages ahead of it have spent their minutes.
+    eval_device = resolve_device("eval.device", cfg.eval.device)
+    for key, name in (("pretrain.device", cfg.pretrain.device), ("sft.device", cfg.sft.device),
+                      ("grpo.device", cfg.grpo.device)):
+        resolve_device(key, name)
     seconds: dict[str, float] = {}
 
     def stage(name: str, fn):
@@ -100,8 +107,7 @@ def run_quickstart(cfg: QuickstartConfig, *, resume: bool = False, console: Cons
         check_disjoint(generate_tasks(c.domains, "train", c.train_tasks, seed=c.seed, levels=c.levels), eval_tasks)
 
     def run_eval(model_dir: Path, name: str) -> dict:
-        device = resolve_device("eval.device", cfg.eval.device)
-        model, tokenizer = load_model_and_tokenizer(str(model_dir), device=device)
+        model, tokenizer = load_model_and_tokenizer(str(model_dir), device=eval_device)
         report = evaluate(model, tokenizer, eval_tasks, cfg.eval)
         (out / "eval").mkdir(exist_ok=True)
         (out / "eval" / f"{name}.json").write_text(json.dumps(report, indent=2))
