@@ -539,6 +539,26 @@ def test_bf16_fast_decoder_weights_and_greedy(model, prompts):
         assert _same_up_to_ties(model, prompts[a.prompt_index], a.token_ids, b.token_ids, tol=0.1)
 
 
+def test_bf16_fast_decoder_mlp_computes_as_autocast_does(model):
+    """With bf16 GEMMs the MLP's activations (``silu(gate) * up``) stay in bf16 and feed the down
+    projection as they are, as under ``torch.autocast``; its output is added to the fp32 residual
+    stream. Same values as the Hugging Face MLP under autocast, not as an fp32 SwiGLU of bf16 GEMMs."""
+    f = decoder.FastLlama(model, torch.bfloat16)
+    layer, L = model.model.layers[0], f.layers[0]
+    x = torch.randn(5, CFG.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        h = f.rms(x, L.ln2)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            want = layer.mlp(h)
+        got = f.mlp(x, L)
+        gu = (h.bfloat16() @ L.wgu).float()  # the SwiGLU in fp32, cast once for the down GEMM
+        fp32_act = ((torch.nn.functional.silu(gu[:, :f.inter]) * gu[:, f.inter:]).bfloat16() @ L.wd).float()
+    assert f.act(x, L).dtype == want.dtype == torch.bfloat16
+    assert (got.float() - want.float()).abs().max() <= 1e-6 * want.float().abs().max()
+    assert not torch.equal(fp32_act, want.float())  # (the test tells the two apart)
+    assert (x + got).dtype == torch.float32
+
+
 def test_unknown_precision_is_rejected():
     with pytest.raises(ValueError, match="precision must be one of model, bf16; got 'fp8'"):
         SamplingParams(precision="fp8")

@@ -26,7 +26,8 @@ What it does:
   flash kernel with one query), SwiGLU, and the logits in float32. It computes in the model's dtype (fp32 on CPU,
   bf16 on CUDA) like the Hugging Face forward does; ``FastLlama(model, matmul_dtype=torch.bfloat16)``
   runs only the GEMMs in bf16 (the weight matrices cast per call; attention, norms and the cache
-  stay in the model's dtype).
+  stay in the model's dtype) and, as ``torch.autocast`` does, SwiGLU's activations on their bf16
+  outputs (no cast between the MLP's GEMMs).
 - Shared prompts (CPU decode steps, when a prompt has several sample rows): the prompt's K/V are
   kept once per prompt, and a step attends to them with the queries of all its rows stacked (one
   GEMM per prompt and KV head instead of one matrix-vector product per row), then to each row's
@@ -233,8 +234,14 @@ class FastLlama:
         return x * cos.unsqueeze(-2) + flipped * sin.unsqueeze(-2)  # bf16: round as the model does
 
     def mlp(self, x: torch.Tensor, L: _Layer) -> torch.Tensor:
-        gu = _lin(self.rms(x, L.ln2), L.wgu, L.bgu)
-        return _lin(F.silu(gu[..., : self.inter]) * gu[..., self.inter :], L.wd, L.bd)
+        """The MLP's output (in the GEMMs' dtype: adding it to ``x`` promotes it back)."""
+        return _lin(self.act(x, L), L.wd, L.bd, out=None)
+
+    def act(self, x: torch.Tensor, L: _Layer) -> torch.Tensor:
+        """SwiGLU's activations ``silu(gate) * up``, computed where autocast computes them: in the
+        GEMMs' dtype (bf16 with ``matmul_dtype``), so the down projection takes them as they are."""
+        gu = _lin(self.rms(x, L.ln2), L.wgu, L.bgu, out=None)
+        return F.silu(gu[..., : self.inter]) * gu[..., self.inter :]
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return _lin(self.rms(x, self.norm), self.lm_head).float()
@@ -324,7 +331,7 @@ class DecodeState:
             if li == len(f.layers) - 1:  # past the last K/V only the last position matters
                 q, am, x = q[:, :, -1:], attn_mask[:, :, -1:], x[:, -1:]
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=am)
-            x = x + _lin(a.transpose(1, 2).flatten(2), L.wo, L.bo)
+            x = x + _lin(a.transpose(1, 2).flatten(2), L.wo, L.bo, out=None)
             x = x + f.mlp(x, L)
         self.valid[:, :W] = mask.index_select(0, expand)
         self.pos.copy_(positions[:, -1].index_select(0, expand) + 1)
@@ -384,8 +391,7 @@ class DecodeState:
                 a = F.scaled_dot_product_attention(qk[:, :nh].view(n, nkv, rep, hd), K[:n, :, :S], V[:n, :, :S],
                                                    attn_mask=mask).reshape(n, nh * hd)
             x = _lin_res(x, a, L.wo, L.bo)
-            gu = _lin(f.rms(x, L.ln2), L.wgu, L.bgu)
-            x = _lin_res(x, F.silu(gu[:, : f.inter]) * gu[:, f.inter :], L.wd, L.bd)
+            x = _lin_res(x, f.act(x, L), L.wd, L.bd)
         pos += 1
         self.col += 1
         return f.logits(x)
@@ -409,7 +415,7 @@ class DecodeState:
             K.index_copy_(2, col, qk[:, nh:, None, :])
             V.index_copy_(2, col, qkv[:, (nh + nkv) * hd:].view(n, nkv, 1, hd))
             a = F.scaled_dot_product_attention(qk[:, :nh].view(n, nkv, f.rep, hd), K, V, attn_mask=mask)
-            x = x + _lin(a.reshape(n, nh * hd), L.wo, L.bo)
+            x = x + _lin(a.reshape(n, nh * hd), L.wo, L.bo, out=None)
             x = x + f.mlp(x, L)
         pos += 1
         return f.logits(x)
@@ -443,20 +449,30 @@ class DecodeState:
         return (self.n - alive) * remaining >= alive
 
 
-def _lin(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+_SAME = object()
+
+
+def _lin(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, out=_SAME) -> torch.Tensor:
     """``x @ w (+ b)`` with ``w`` stored [in, out]. A ``w`` in another dtype (``matmul_dtype``)
-    runs the GEMM in ``w``'s dtype and returns ``x``'s."""
-    if w.dtype != x.dtype:
-        y = (x.to(w.dtype) @ w).to(x.dtype)
-        return y if b is None else y + b
+    runs the GEMM in ``w``'s dtype; the result comes back in ``out`` (default ``x``'s dtype;
+    ``None``: left in ``w``'s, as autocast leaves a linear's output)."""
+    if w.dtype != x.dtype or b is not None and b.dtype != w.dtype:
+        y = x.to(w.dtype) @ w
+        if b is not None:
+            y = y + b.to(w.dtype)
+        target = x.dtype if out is _SAME else out
+        return y if target is None else y.to(target)
     if b is None:
         return x @ w
     return torch.addmm(b, x, w) if x.dim() == 2 else torch.addmm(b, x.flatten(0, -2), w).unflatten(0, x.shape[:-1])
 
 
 def _lin_res(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """``x + h @ w (+ b)`` for 2-D ``x``, the residual add fused into the GEMM when possible."""
-    return torch.addmm(x, h, w) if b is None and w.dtype == x.dtype else x + _lin(h, w, b)
+    """``x + h @ w (+ b)`` for 2-D ``x``, the residual add fused into the GEMM when possible (a
+    GEMM in another dtype is added to ``x`` in ``x``'s dtype)."""
+    if b is None and w.dtype == x.dtype == h.dtype:
+        return torch.addmm(x, h, w)
+    return x + _lin(h, w, b, out=None)
 
 
 CPU_MATMUL_ATTENTION = True  # False: F.scaled_dot_product_attention on CPU too (for A/B runs)
