@@ -31,9 +31,10 @@ What it does:
 - Shared prompts (CPU decode steps, when a prompt has several sample rows): the prompt's K/V are
   kept once per prompt, and a step attends to them with the queries of all its rows stacked (one
   GEMM per prompt and KV head instead of one matrix-vector product per row), then to each row's
-  own generated columns, in one softmax over both. The per-row cache still holds the prompt
-  columns too (for ``prefix``, compaction and the GPU path), but a step does not read them:
-  a decode step is bound by reading the cache, and the prompt is most of it.
+  own generated columns, in one softmax over both: a decode step is bound by reading the cache,
+  and the prompt is most of it. The rows' own cache columns before the prompts' width are then
+  never written (prefill does not copy the prompt to every row; compaction moves only generated
+  columns; ``prefix`` takes the prompt's columns from the shared copy).
 - On CUDA (``cuda_graphs=True``) the decode step is captured in a CUDA graph per batch-size
   bucket (powers of two, the last bucket being all rows); rows beyond those in use are padding.
   The captured step attends over the whole cache under the mask and writes K/V at a column held
@@ -318,12 +319,12 @@ class DecodeState:
                         V[j, :, s0:s0 + m] = past[j].v[li][:, :m]
                 K[:, :, W - C:], V[:, :, W - C:] = k, v
                 k, v = K, V
-            if not (direct and C < W):  # (direct with a prefix: K/V were written in place above)
-                self.k[li][:, :, :W] = k.index_select(0, expand)
-                self.v[li][:, :, :W] = v.index_select(0, expand)
-            if shared is not None:
+            if shared is not None:  # the prompts' K/V once; the rows' cache columns < W stay unwritten
                 shared.k.append(k.reshape(U * nkv, W, hd))  # (a copy when k is a strided view)
                 shared.v.append(v.reshape(U * nkv, W, hd))
+            elif not (direct and C < W):  # (direct with a prefix: K/V were written in place above)
+                self.k[li][:, :, :W] = k.index_select(0, expand)
+                self.v[li][:, :, :W] = v.index_select(0, expand)
             if f.rep > 1:
                 k = k.repeat_interleave(f.rep, dim=1)
                 v = v.repeat_interleave(f.rep, dim=1)
@@ -344,8 +345,15 @@ class DecodeState:
     def prefix(self, row: int, start: int) -> KVPrefix:
         """A copy of row ``row``'s K/V from column ``start`` (where its prompt begins) to the
         last column written: its prompt and every token fed since."""
-        return KVPrefix([K[row, :, start:self.col].clone() for K in self.k],
-                        [V[row, :, start:self.col].clone() for V in self.v])
+        sh = self.shared
+        if sh is None:
+            return KVPrefix([K[row, :, start:self.col].clone() for K in self.k],
+                            [V[row, :, start:self.col].clone() for V in self.v])
+        u, W = sh.rows[row], sh.width  # the prompt's columns from the shared copy, then the row's own
+        return KVPrefix([torch.cat([P.view(sh.prompts, sh.nkv, W, -1)[u, :, start:], K[row, :, W:self.col]], 1)
+                         for P, K in zip(sh.k, self.k)],
+                        [torch.cat([P.view(sh.prompts, sh.nkv, W, -1)[u, :, start:], V[row, :, W:self.col]], 1)
+                         for P, V in zip(sh.v, self.v)])
 
     # -- decode ----------------------------------------------------------------------------------
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -399,6 +407,8 @@ class DecodeState:
     def step_static(self, tokens: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
         """The capturable step for CUDA graphs: all buffer rows, whole-cache attention under the
         mask, K/V written at the column held by ``col`` (a 1-element long tensor)."""
+        if self.shared is not None:
+            raise RuntimeError("step_static reads every row's prompt columns: not with shared prompts")
         f = self.f
         n = tokens.shape[0]
         valid = self.valid[:n]
@@ -428,10 +438,11 @@ class DecodeState:
         keep_l = keep.tolist()
         first = next((i for i, r in enumerate(keep_l) if r != i), len(keep_l))
         m, c = len(keep_l), self.col
+        lo = 0 if self.shared is None else self.shared.width  # (shared prompts: no prompt columns)
         if first < m:
             tail = keep[first:]
             for buf in (*self.k, *self.v):
-                buf[first:m, :, :c] = buf[:, :, :c].index_select(0, tail)
+                buf[first:m, :, lo:c] = buf[:, :, lo:c].index_select(0, tail)
             self.valid[first:m, :c] = self.valid[:, :c].index_select(0, tail)
             self.pos[first:m] = self.pos.index_select(0, tail)
         self.n = m
