@@ -487,12 +487,16 @@ def test_past_prefix_continues_as_if_the_whole_prompt_ran(model, prompts):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
 
 
-def test_completion_cache_equals_a_fresh_prefill(model, prompts):
+def test_completion_cache_equals_a_fresh_prefill(model, prompts, monkeypatch):
     """``Completion.cache`` holds the K/V of the prompt and the completion but its last token,
-    equal to what a prefill of exactly those tokens computes; the HF path returns none."""
-    params = SamplingParams(max_new_tokens=6, temperature=1.0, n=2, stop_token_ids=(7, 11))
+    equal to what a prefill of exactly those tokens computes, also for rows that stopped early and
+    rows moved by compaction (their prompt's K/V come from the shared copy); the HF path returns
+    none."""
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, n=3, stop_token_ids=tuple(range(10, 60)))
+    compactions = _count_calls(monkeypatch, decoder.DecodeState, "compact")
     out = generate(model, prompts, params, pad_token_id=PAD, backend="fast", keep_cache=True,
                    generator=torch.Generator().manual_seed(0))
+    assert compactions and {c.finish_reason for c in out} == {"stop", "length"}
     with torch.inference_mode():
         f = decoder.FastLlama(model)
         for c in out:
@@ -503,10 +507,10 @@ def test_completion_cache_equals_a_fresh_prefill(model, prompts):
             assert c.cache.length == len(seq)
             for got, want in zip(c.cache.k + c.cache.v, fresh.k + fresh.v):
                 torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
-    hf = generate(model, prompts, params, pad_token_id=PAD, backend="hf", keep_cache=True,
-                  generator=torch.Generator().manual_seed(0))
-    assert all(c.cache is None for c in hf)
-    assert [c.token_ids for c in hf] == [c.token_ids for c in out]
+    hf = [generate(model, prompts, params, pad_token_id=PAD, backend="hf", keep_cache=keep,
+                   generator=torch.Generator().manual_seed(0)) for keep in (True, False)]
+    assert all(c.cache is None for c in hf[0])
+    assert [c.token_ids for c in hf[0]] == [c.token_ids for c in hf[1]]
 
 
 @BACKENDS
