@@ -18,7 +18,8 @@ process and alternated every round (the order rotates so none always runs first)
   ``SamplingParams(precision="bf16")`` on the fp32 model (bf16 GEMMs, the rest fp32).
 
 Reports the median generated tokens/s per side, the ratio to ``hf_generate`` (fp32) and to the
-``model.generate`` of the same precision, and the fraction of the machine's matmul rate in the
+``model.generate`` of the same precision, the per-round ratios to ``hf_generate`` (median and
+range: each round runs every side once, back to back), and the fraction of the machine's matmul rate in the
 side's GEMM dtype (``model_flops_per_token x tokens/s / matmul_rate()``, the fp32 and bf16 rates
 measured before and after in the same run), with the idle CPU at the start.
 """
@@ -146,6 +147,7 @@ def measure(size: str, rounds: int, tokenizer, bf16: bool = False) -> tuple[list
             "median_s": round(statistics.median(times[name]), 4),
             "ratio_vs_hf_generate": round(tps[name] / tps["hf_generate"], 2),
             "ratio_vs_same_precision": round(tps[name] / tps[same], 2),
+            "round_ratios_vs_hf_generate": _spread(round_ratios(times, tokens, name)),
             "matmul_fraction": round(flops * tps[name] / rates[precision], 4),
         })
     meta = {"size": size, "params": num_params(model), "flops_per_token": flops,
@@ -155,6 +157,17 @@ def measure(size: str, rounds: int, tokenizer, bf16: bool = False) -> tuple[list
             "bf16_matmul_gflops_after": bf16_after and round(bf16_after, 1),
             "times_s": {n: [round(t, 4) for t in ts] for n, ts in times.items()}}
     return rows, meta
+
+
+def round_ratios(times: dict[str, list[float]], tokens: dict[str, int], name: str) -> list[float]:
+    """Per round, ``name``'s tokens/s over ``hf_generate``'s: the two ran back to back, so a
+    slowdown of the machine that lasts a round moves both (the paired view of the same runs)."""
+    base = tokens["hf_generate"]
+    return [(tokens[name] / t) / (base / b) for t, b in zip(times[name], times["hf_generate"])]
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
 def main() -> None:
@@ -186,7 +199,9 @@ def main() -> None:
     print(f"\nrollout throughput: {PROMPTS} prompts x {SAMPLES} samples x {NEW_TOKENS} new tokens, "
           f"temperature 1; median of {args.rounds} rounds")
     print_table(rows, ["size", "side", "gemm", "tokens_per_s", "median_s", "ratio_vs_hf_generate",
-                       "ratio_vs_same_precision", "matmul_fraction"])
+                       "ratio_vs_same_precision", "round_ratios_vs_hf_generate", "matmul_fraction"])
+    print("round_ratios_vs_hf_generate: median [min-max] over rounds of the side's speed over "
+          "hf_generate's in the same round")
     for m in metas:
         bf = (f", bf16 {m['bf16_matmul_gflops_before']:.0f} -> {m['bf16_matmul_gflops_after']:.0f}"
               if m["bf16_matmul_gflops_before"] else "")
