@@ -115,6 +115,14 @@ class Clock:
         return wrapper
 
 
+def round_speedups(trl_steps: list[float], rlvr_steps: list[float], per_round: int) -> list[float]:
+    """Per alternation round, TRL's median step over rlvr's: the two sides' steps of a round ran
+    back to back, so a slow spell of the machine that lasts a round moves both."""
+    rounds = min(len(trl_steps), len(rlvr_steps)) // per_round
+    return [statistics.median(trl_steps[i * per_round:(i + 1) * per_round])
+            / statistics.median(rlvr_steps[i * per_round:(i + 1) * per_round]) for i in range(rounds)]
+
+
 # --------------------------------------------------------------------------- rlvr side
 
 
@@ -369,13 +377,15 @@ def main() -> None:
         rows.append({"side": side, "gemm": gemm[side], "s/step": med, **{p: phases[p] for p in PHASES},
                      "fwd+bwd GF/s": fb_rate, "of matmul": f"{fb_rate / rate:.0%}"})
     speedup = summary["trl"]["s_per_step"] / summary["rlvr"]["s_per_step"]
+    by_round = round_speedups([s[0] for s in results["trl"]], [s[0] for s in results["rlvr"]], per_round)
     print()
     print_table(rows, ["side", "gemm", "s/step", *PHASES, "fwd+bwd GF/s", "of matmul"])
-    print(f"\nrlvr is {speedup:.2f}x faster per step (median of {len(results['rlvr'])} steps each side); "
+    print(f"\nrlvr is {speedup:.2f}x faster per step (median of {len(results['rlvr'])} steps each side; "
+          f"per round {statistics.median(by_round):.2f}x, {min(by_round):.2f}-{max(by_round):.2f}x); "
           + "; ".join(f"{g} matmul rate {rate_of[g]:.0f} GFLOP/s (median of {len(r)}: {', '.join(f'{x:.0f}' for x in r)})"
                       for g, r in rates.items()) + "; "
           f"{machine_note()}")
-    write_json(a.json, {"size": a.size, "params": params, "trl_version": trl.__version__, "speedup": speedup,
+    write_json(a.json, {"size": a.size, "params": params, "trl_version": trl.__version__, "speedup": speedup, "round_speedups": by_round,
                         "matmul_rate_gflops": rate_of, "matmul_rates": rates, "machine": machine_note(),
                         "threads": torch.get_num_threads(), "rlvr_packing": not a.no_packing,
                         "rlvr_share_prompts": not a.no_share_prompts, "rlvr_compile": a.compile,
