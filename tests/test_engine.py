@@ -565,6 +565,30 @@ def test_bf16_fast_decoder_mlp_computes_as_autocast_does(model):
     assert (x + got).dtype == torch.float32
 
 
+def test_bf16_gemms_with_biases_follow_autocast(tok, prompts):
+    """Biases (Llama's ``mlp_bias``/``attention_bias``) next to bf16 GEMMs: added in bf16 where
+    the output stays bf16 (the MLP), as autocast adds them; greedy tokens and log-probs match the
+    Hugging Face forward under autocast."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      mlp_bias=True, attention_bias=True)
+    torch.manual_seed(0)
+    biased = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in biased.model.layers:
+            for lin in (layer.mlp.gate_proj, layer.mlp.down_proj, layer.self_attn.q_proj):
+                lin.bias.normal_(0, 0.5)
+    assert decoder.unsupported_reason(biased) is None
+    params = SamplingParams(max_new_tokens=5, temperature=0.0, n=2, stop_token_ids=(), precision="bf16")
+    fast, hf = (generate(biased, prompts, params, pad_token_id=PAD, backend=b) for b in ("fast", "hf"))
+    for a, b in zip(fast, hf):
+        assert _same_up_to_ties(biased, prompts[a.prompt_index], a.token_ids, b.token_ids, tol=0.1)
+        if a.token_ids == b.token_ids:
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=5e-3, rtol=0)
+
+
 def test_unknown_precision_is_rejected():
     with pytest.raises(ValueError, match="precision must be one of model, bf16; got 'fp8'"):
         SamplingParams(precision="fp8")

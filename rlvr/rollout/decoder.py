@@ -236,12 +236,12 @@ class FastLlama:
 
     def mlp(self, x: torch.Tensor, L: _Layer) -> torch.Tensor:
         """The MLP's output (in the GEMMs' dtype: adding it to ``x`` promotes it back)."""
-        return _lin(self.act(x, L), L.wd, L.bd, out=None)
+        return _lin(self.act(x, L), L.wd, L.bd, keep=True)
 
     def act(self, x: torch.Tensor, L: _Layer) -> torch.Tensor:
         """SwiGLU's activations ``silu(gate) * up``, computed where autocast computes them: in the
         GEMMs' dtype (bf16 with ``matmul_dtype``), so the down projection takes them as they are."""
-        gu = _lin(self.rms(x, L.ln2), L.wgu, L.bgu, out=None)
+        gu = _lin(self.rms(x, L.ln2), L.wgu, L.bgu, keep=True)
         return F.silu(gu[..., : self.inter]) * gu[..., self.inter :]
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -332,7 +332,7 @@ class DecodeState:
             if li == len(f.layers) - 1:  # past the last K/V only the last position matters
                 q, am, x = q[:, :, -1:], attn_mask[:, :, -1:], x[:, -1:]
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=am)
-            x = x + _lin(a.transpose(1, 2).flatten(2), L.wo, L.bo, out=None)
+            x = x + _lin(a.transpose(1, 2).flatten(2), L.wo, L.bo, keep=True)
             x = x + f.mlp(x, L)
         self.valid[:, :W] = mask.index_select(0, expand)
         self.pos.copy_(positions[:, -1].index_select(0, expand) + 1)
@@ -425,7 +425,7 @@ class DecodeState:
             K.index_copy_(2, col, qk[:, nh:, None, :])
             V.index_copy_(2, col, qkv[:, (nh + nkv) * hd:].view(n, nkv, 1, hd))
             a = F.scaled_dot_product_attention(qk[:, :nh].view(n, nkv, f.rep, hd), K, V, attn_mask=mask)
-            x = x + _lin(a.reshape(n, nh * hd), L.wo, L.bo, out=None)
+            x = x + _lin(a.reshape(n, nh * hd), L.wo, L.bo, keep=True)
             x = x + f.mlp(x, L)
         pos += 1
         return f.logits(x)
@@ -460,21 +460,19 @@ class DecodeState:
         return (self.n - alive) * remaining >= alive
 
 
-_SAME = object()
-
-
-def _lin(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, out=_SAME) -> torch.Tensor:
+def _lin(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, keep: bool = False) -> torch.Tensor:
     """``x @ w (+ b)`` with ``w`` stored [in, out]. A ``w`` in another dtype (``matmul_dtype``)
-    runs the GEMM in ``w``'s dtype; the result comes back in ``out`` (default ``x``'s dtype;
-    ``None``: left in ``w``'s, as autocast leaves a linear's output)."""
-    if w.dtype != x.dtype or b is not None and b.dtype != w.dtype:
+    runs the GEMM in ``w``'s dtype and returns ``x``'s; ``keep=True`` leaves the result (bias
+    included) in ``w``'s dtype, as autocast leaves a linear's output."""
+    if w.dtype != x.dtype:
         y = x.to(w.dtype) @ w
-        if b is not None:
-            y = y + b.to(w.dtype)
-        target = x.dtype if out is _SAME else out
-        return y if target is None else y.to(target)
+        if keep:
+            return y if b is None else y + b.to(w.dtype)
+        y = y.to(x.dtype)
+        return y if b is None else y + b
     if b is None:
         return x @ w
+    b = b.to(w.dtype)  # (a bias in the model's dtype next to bf16 GEMMs)
     return torch.addmm(b, x, w) if x.dim() == 2 else torch.addmm(b, x.flatten(0, -2), w).unflatten(0, x.shape[:-1])
 
 
@@ -483,7 +481,7 @@ def _lin_res(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor 
     GEMM in another dtype is added to ``x`` in ``x``'s dtype)."""
     if b is None and w.dtype == x.dtype == h.dtype:
         return torch.addmm(x, h, w)
-    return x + _lin(h, w, b, out=None)
+    return x + _lin(h, w, b, keep=True)
 
 
 CPU_MATMUL_ATTENTION = True  # False: F.scaled_dot_product_attention on CPU too (for A/B runs)
