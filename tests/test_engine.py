@@ -557,8 +557,11 @@ def test_bf16_fast_decoder_mlp_computes_as_autocast_does(model):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             want = layer.mlp(h)
         got = f.mlp(x, L)
-        gu = (h.bfloat16() @ L.wgu).float()  # the SwiGLU in fp32, cast once for the down GEMM
-        fp32_act = ((torch.nn.functional.silu(gu[:, :f.inter]) * gu[:, f.inter:]).bfloat16() @ L.wd).float()
+        def bf16_gemm(a, lin):
+            return (a.bfloat16() @ lin.weight.t().bfloat16()).float()
+        # the SwiGLU in fp32 on bf16 GEMM outputs, cast once for the down GEMM
+        act = torch.nn.functional.silu(bf16_gemm(h, layer.mlp.gate_proj)) * bf16_gemm(h, layer.mlp.up_proj)
+        fp32_act = bf16_gemm(act, layer.mlp.down_proj)
     assert f.act(x, L).dtype == want.dtype == torch.bfloat16
     assert (got.float() - want.float()).abs().max() <= 1e-6 * want.float().abs().max()
     assert not torch.equal(fp32_act, want.float())  # (the test tells the two apart)
@@ -587,6 +590,27 @@ def test_bf16_gemms_with_biases_follow_autocast(tok, prompts):
         assert _same_up_to_ties(biased, prompts[a.prompt_index], a.token_ids, b.token_ids, tol=0.1)
         if a.token_ids == b.token_ids:
             torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=5e-3, rtol=0)
+
+
+def test_onednn_packed_weights_equal_the_plain_gemms(model, prompts, monkeypatch):
+    """On CPU the fast decoder's matrices are oneDNN-packed copies (a faster GEMM at decode
+    shapes); the plain-matrix path (MKL GEMMs) samples the same tokens with the same log-probs, up
+    to float summation order, through prefill, decode steps, early stops and compaction. (bf16
+    GEMMs on packed weights: the autocast MLP test and the bf16 sampling tests above.)"""
+    if not decoder.onednn_linear_available():
+        pytest.skip("this torch build or CPU has no oneDNN packed linear")
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, n=3, stop_token_ids=tuple(range(10, 40)))
+    runs = {}
+    for packed in (True, False):
+        monkeypatch.setattr(decoder, "ONEDNN_LINEAR", packed)
+        assert decoder.FastLlama(model).packed is packed
+        assert decoder.FastLlama(model, torch.bfloat16).packed is (packed and decoder.onednn_linear_available(torch.bfloat16))
+        runs[packed] = generate(model, prompts, params, pad_token_id=PAD, backend="fast",
+                                generator=torch.Generator().manual_seed(0))
+    assert {c.finish_reason for c in runs[True]} == {"stop", "length"}
+    for a, b in zip(runs[True], runs[False]):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
 
 
 def test_unknown_precision_is_rejected():
