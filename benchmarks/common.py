@@ -108,6 +108,13 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
         print("  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(columns, widths)))
 
 
+def spread(values: list[float]) -> str:
+    """``median [min-max]`` of per-round ratios, two decimals."""
+    import statistics
+
+    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+
 def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"

@@ -61,7 +61,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from common import (MODEL_SIZES, bench_model, bench_tokenizer, machine_note, matmul_rate, num_params,  # noqa: E402
-                    print_table, write_json)
+                    print_table, spread, write_json)
 
 PHASES = ["generate", "score", "forward", "backward", "optimizer", "other"]
 
@@ -381,7 +381,7 @@ def main() -> None:
     print()
     print_table(rows, ["side", "gemm", "s/step", *PHASES, "fwd+bwd GF/s", "of matmul"])
     print(f"\nrlvr is {speedup:.2f}x faster per step (median of {len(results['rlvr'])} steps each side; "
-          f"per round {statistics.median(by_round):.2f}x, {min(by_round):.2f}-{max(by_round):.2f}x); "
+          f"per round {spread(by_round)}x); "
           + "; ".join(f"{g} matmul rate {rate_of[g]:.0f} GFLOP/s (median of {len(r)}: {', '.join(f'{x:.0f}' for x in r)})"
                       for g, r in rates.items()) + "; "
           f"{machine_note()}")

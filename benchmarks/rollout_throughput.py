@@ -44,6 +44,7 @@ from common import (  # noqa: E402
     model_flops_per_token,
     num_params,
     print_table,
+    spread,
     write_json,
 )
 
@@ -147,7 +148,7 @@ def measure(size: str, rounds: int, tokenizer, bf16: bool = False) -> tuple[list
             "median_s": round(statistics.median(times[name]), 4),
             "ratio_vs_hf_generate": round(tps[name] / tps["hf_generate"], 2),
             "ratio_vs_same_precision": round(tps[name] / tps[same], 2),
-            "round_ratios_vs_hf_generate": _spread(round_ratios(times, tokens, name)),
+            "round_ratios_vs_hf_generate": spread(round_ratios(times, tokens, name)),
             "matmul_fraction": round(flops * tps[name] / rates[precision], 4),
         })
     meta = {"size": size, "params": num_params(model), "flops_per_token": flops,
@@ -164,10 +165,6 @@ def round_ratios(times: dict[str, list[float]], tokens: dict[str, int], name: st
     slowdown of the machine that lasts a round moves both (the paired view of the same runs)."""
     base = tokens["hf_generate"]
     return [(tokens[name] / t) / (base / b) for t, b in zip(times[name], times["hf_generate"])]
-
-
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
 def main() -> None:

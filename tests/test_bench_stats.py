@@ -27,3 +27,9 @@ def test_rollout_round_ratios_are_per_round_token_rates():
     tokens = {"hf_generate": 2048, "rlvr_fast": 2048}
     assert round_ratios(times, tokens, "rlvr_fast") == pytest.approx([4.0, 2.0])
     assert round_ratios(times, tokens, "hf_generate") == pytest.approx([1.0, 1.0])
+
+
+def test_spread_reads_median_and_range():
+    from common import spread
+
+    assert spread([2.0, 1.5, 3.25]) == "2.00 [1.50-3.25]"
