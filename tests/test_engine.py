@@ -6,6 +6,7 @@ Every decoding test runs on both backends: ``fast`` (rlvr's own decoder, rollout
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -316,8 +317,6 @@ def test_non_llama_model_falls_back_to_the_hf_forward(tok, prompts):
 
 
 def _cuda_model(model):
-    import copy
-
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     return copy.deepcopy(model).to("cuda", torch.bfloat16).eval()
@@ -370,6 +369,31 @@ def test_cuda_bf16_logprobs_match_sequence_logprobs(model, prompts, graphs):
         start = len(prompts[c.prompt_index])
         diffs.append((lp[r, start : start + len(c.token_ids)] - torch.tensor(c.logprobs)).abs())
     diffs = torch.cat(diffs)
+    assert diffs.max() < 0.1 and diffs.mean() < 0.02, (diffs.max(), diffs.mean())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", [True, False])
+def test_cuda_bf16_gemms_on_fp32_model_follow_the_autocast_trainer(model, prompts, graphs):
+    """GRPO's CUDA rollouts: an fp32 model with ``precision="bf16"``. The GEMMs, attention and KV
+    cache run in bf16 (as the trainer's forward under autocast runs them); the logprobs match that
+    forward, the parameters stay fp32."""
+    from rlvr.rollout.engine import precision_autocast
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    m = copy.deepcopy(model).cuda().eval()
+    f = decoder.FastLlama(m, torch.bfloat16)
+    assert f.kv_dtype == f.start(2, 8).k[0].dtype == torch.bfloat16 and f.embed.dtype == torch.float32
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, n=5, stop_token_ids=(), precision="bf16")
+    got = generate(m, prompts, params, generator=torch.Generator().manual_seed(0), pad_token_id=PAD,
+                   backend="fast", cuda_graphs=graphs)
+    assert all(p.dtype == torch.float32 for p in m.parameters())
+    ids, mask = _right_padded([prompts[c.prompt_index] + c.token_ids for c in got])
+    with torch.no_grad(), precision_autocast(m, "bf16"):
+        lp = sequence_logprobs(m, ids.cuda(), mask.cuda()).cpu()
+    diffs = torch.cat([(lp[r, len(prompts[c.prompt_index]):][: len(c.token_ids)] - torch.tensor(c.logprobs)).abs()
+                       for r, c in enumerate(got)])
     assert diffs.max() < 0.1 and diffs.mean() < 0.02, (diffs.max(), diffs.mean())
 
 

@@ -183,6 +183,11 @@ class FastLlama:
         # the copies are oneDNN-packed instead (``_packed``): a decode step's GEMMs (64 rows x
         # a few hundred) run up to 2x faster in fp32 there than MKL's on plain matrices.
         self.matmul_dtype = matmul_dtype if matmul_dtype not in (None, self.dtype) else None
+        # On CUDA, attention and the KV cache run in the GEMMs' dtype, as autocast runs SDPA (the
+        # trainer's forward under ``algo.precision``): fp32 attention has no flash kernel there
+        # (decode 2.9x slower on an H200). On CPU they stay in the model's dtype: bf16 batched
+        # matmuls at decode shapes are no faster there (docs/rollout.md, "Precision").
+        self.kv_dtype = (self.matmul_dtype if self.device.type == "cuda" else None) or self.dtype
         small_cpu = self.device.type == "cpu" and sum(p.numel() for p in model.parameters()) <= 64_000_000
         gemm_dtype = self.matmul_dtype or self.dtype
         self.packed = (self.device.type == "cpu" and (small_cpu or self.matmul_dtype is not None)
@@ -274,8 +279,8 @@ class DecodeState:
         # Eager steps read only written columns; a captured step reads all of them (masked), and
         # 0 x NaN from uninitialised memory would still be NaN, so those caches start at zero.
         alloc = torch.zeros if cuda_graphs else torch.empty
-        self.k = [alloc(shape, dtype=f.dtype, device=f.device) for _ in f.layers]
-        self.v = [alloc(shape, dtype=f.dtype, device=f.device) for _ in f.layers]
+        self.k = [alloc(shape, dtype=f.kv_dtype, device=f.device) for _ in f.layers]
+        self.v = [alloc(shape, dtype=f.kv_dtype, device=f.device) for _ in f.layers]
         self.valid = torch.zeros((rows, max_len), dtype=torch.bool, device=f.device)
         self.pos = torch.zeros(rows, dtype=torch.long, device=f.device)
         self.cos, self.sin = f.rope_tables(max_len)
@@ -313,14 +318,14 @@ class DecodeState:
         shared = None
         if U < self.rows and self.graphs is None and f.device.type == "cpu" and CPU_MATMUL_ATTENTION \
                 and SHARE_PROMPTS:
-            shared = _SharedPrompts(U, W, mask, nkv, f.dtype)
+            shared = _SharedPrompts(U, W, mask, nkv, f.kv_dtype)
         x = F.embedding(ids[:, W - C:], f.embed)
         for li, L in enumerate(f.layers):
             qkv = _lin(f.rms(x, L.ln1), L.wqkv, L.bqkv)  # [U, C, (nh + 2 nkv) hd]
-            qk = f.rope(qkv[..., : (nh + nkv) * hd].unflatten(-1, (nh + nkv, hd)), cos, sin)
+            qk = f.rope(qkv[..., : (nh + nkv) * hd].unflatten(-1, (nh + nkv, hd)), cos, sin).to(f.kv_dtype)
             q = qk[..., :nh, :].transpose(1, 2)
             k = qk[..., nh:, :].transpose(1, 2)  # [U, nkv, C, hd]
-            v = qkv[..., (nh + nkv) * hd:].unflatten(-1, (nkv, hd)).transpose(1, 2)
+            v = qkv[..., (nh + nkv) * hd:].unflatten(-1, (nkv, hd)).transpose(1, 2).to(f.kv_dtype)
             if C < W:  # the whole width: copied prefixes, then the columns just computed
                 K = self.k[li][:U, :, :W] if direct else k.new_empty((U, nkv, W, hd))
                 V = self.v[li][:U, :, :W] if direct else v.new_empty((U, nkv, W, hd))
@@ -389,14 +394,14 @@ class DecodeState:
         shared = self.shared  # (its prompt columns' mask is per prompt; generated columns are all valid)
         cpu = shared is None and f.device.type == "cpu" and CPU_MATMUL_ATTENTION
         if cpu:  # one additive mask for all layers, [n * kv, rep, S]
-            bias = torch.zeros((n, S), dtype=f.dtype).masked_fill_(~valid[:, :S], float("-inf"))
+            bias = torch.zeros((n, S), dtype=f.kv_dtype).masked_fill_(~valid[:, :S], float("-inf"))
             bias = bias[:, None].expand(n, nh, S).reshape(n * nkv, rep, S)
         elif shared is None:
             mask = valid[:, None, None, :S]
         x = F.embedding(tokens, f.embed)
         for li, L in enumerate(f.layers):
             qkv = _lin(f.rms(x, L.ln1), L.wqkv, L.bqkv)
-            qk = f.rope(qkv[:, : (nh + nkv) * hd].view(n, nh + nkv, hd), cos, sin)
+            qk = f.rope(qkv[:, : (nh + nkv) * hd].view(n, nh + nkv, hd), cos, sin).to(f.kv_dtype)
             K, V = self.k[li], self.v[li]
             K[:n, :, col] = qk[:, nh:]
             V[:n, :, col] = qkv[:, (nh + nkv) * hd:].view(n, nkv, hd)
@@ -434,10 +439,10 @@ class DecodeState:
         x = F.embedding(tokens, f.embed)
         for li, L in enumerate(f.layers):
             qkv = _lin(f.rms(x, L.ln1), L.wqkv, L.bqkv)
-            qk = f.rope(qkv[:, : (nh + nkv) * hd].view(n, nh + nkv, hd), cos, sin)
+            qk = f.rope(qkv[:, : (nh + nkv) * hd].view(n, nh + nkv, hd), cos, sin).to(f.kv_dtype)
             K, V = self.k[li][:n], self.v[li][:n]
             K.index_copy_(2, col, qk[:, nh:, None, :])
-            V.index_copy_(2, col, qkv[:, (nh + nkv) * hd:].view(n, nkv, 1, hd))
+            V.index_copy_(2, col, qkv[:, (nh + nkv) * hd:].view(n, nkv, 1, hd).to(f.kv_dtype))
             a = F.scaled_dot_product_attention(qk[:, :nh].view(n, nkv, f.rep, hd), K, V, attn_mask=mask)
             x = x + _lin(a.reshape(n, nh * hd), L.wo, L.bo, keep=True)
             x = x + f.mlp(x, L)
@@ -641,9 +646,9 @@ class _Graphs:
         n_saved = s.n
         # The warm-up runs compute the real step for the current inputs (idempotent writes), and
         # the replay after capture computes it again: the same values land in the same places.
+        pos_saved = s.pos.clone()  # (before the side stream's wait: its clone is then done when read there)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        pos_saved = s.pos.clone()
         try:
             with torch.cuda.stream(stream):
                 for _ in range(2):

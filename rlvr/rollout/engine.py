@@ -148,7 +148,10 @@ def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Gener
     cdf = scaled.softmax(dim=-1).cumsum(dim=-1)
     # The uniforms come from ``generator``'s device (a CPU generator also drives a GPU engine).
     at = generator.device if generator is not None else cdf.device
-    u = torch.rand((cdf.shape[0], 1), generator=generator, device=at, dtype=cdf.dtype).to(cdf.device) * cdf[:, -1:]
+    u = torch.rand((cdf.shape[0], 1), generator=generator, device=at, dtype=cdf.dtype)
+    if u.device != cdf.device:  # pinned, so the copy to the GPU does not wait for the GPU to drain
+        u = u.pin_memory().to(cdf.device, non_blocking=True) if cdf.device.type == "cuda" else u.to(cdf.device)
+    u = u * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
 
 
