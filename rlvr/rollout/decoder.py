@@ -29,9 +29,10 @@ What it does:
   GPU and in prefill, two batched matmuls for a CPU decode step, ~10% faster there than the CPU
   flash kernel with one query), SwiGLU, and the logits in float32. It computes in the model's dtype (fp32 on CPU,
   bf16 on CUDA) like the Hugging Face forward does; ``FastLlama(model, matmul_dtype=torch.bfloat16)``
-  runs only the GEMMs in bf16 (the weight matrices cast per call; attention, norms and the cache
-  stay in the model's dtype) and, as ``torch.autocast`` does, SwiGLU's activations on their bf16
-  outputs (no cast between the MLP's GEMMs).
+  runs the GEMMs in bf16 (the weight matrices cast per call; norms stay in the model's dtype)
+  and, as ``torch.autocast`` does, SwiGLU's activations on their bf16 outputs (no cast between
+  the MLP's GEMMs); on CUDA attention and the KV cache run in bf16 too, as autocast runs SDPA
+  (``kv_dtype``), on CPU they stay in the model's dtype.
 - Shared prompts (CPU decode steps, when a prompt has several sample rows): the prompt's K/V are
   kept once per prompt, and a step attends to them with the queries of all its rows stacked (one
   GEMM per prompt and KV head instead of one matrix-vector product per row), then to each row's
