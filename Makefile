@@ -64,6 +64,7 @@ bench-trl: $(TRL_VENV)/.installed
 # install a CUDA build of torch: `make bench-gpu TORCH_SPEC=torch` (a fresh venv, or VENV=...).
 bench-gpu: setup
 	$(PY) benchmarks/gpu_step.py --json runs/bench/gpu_step.json
+	$(PY) benchmarks/gpu_step.py --skip-rollout --compile --json runs/bench/gpu_step_compile.json
 	$(PY) -m pytest -q -m gpu
 
 check-sandbox: setup
