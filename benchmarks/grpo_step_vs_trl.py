@@ -18,6 +18,9 @@ autocast; rlvr ``rollout.precision`` and ``algo.precision`` = bf16; fp32 weights
 matmul fraction is then of the bf16 GEMM rate).
 ``--compile``: rlvr with ``algo.compile`` (compiled decoder layers in its update; the warmup
 steps absorb the compile). TRL's own ``torch_compile`` option is left off (not measured).
+The process keeps freed memory for reuse (``rlvr.train.allocator``, which rlvr's ``grpo.setup``
+turns on): it is process-wide, so TRL's side runs with it too; ``--default-malloc`` measures both
+sides with glibc's default instead (tens of thousands of page faults per step).
 TRL: per_device_train_batch_size 64, gradient_accumulation 1, steps_per_generation 1,
 num_iterations 1 (so no extra old-policy forward, as in rlvr), plain ``model.generate``, no vLLM,
 gradient checkpointing off (TRL's GRPOConfig turns it on by default, which recomputes the forward
@@ -280,12 +283,17 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true",
                     help="rlvr with algo.compile (compiled decoder layers in the update; the warmup steps "
                          "absorb the compile)")
+    ap.add_argument("--default-malloc", action="store_true",
+                    help="glibc's default malloc behaviour for both sides (RLVR_KEEP_FREED_MEMORY=0): freed "
+                         "memory goes back to the kernel and the next step's tensors page-fault")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     rounds = a.rounds or (4 if a.size == "small" else 3)
     per_round = a.per_round or (3 if a.size == "small" else 2)
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.default_malloc:
+        os.environ["RLVR_KEEP_FREED_MEMORY"] = "0"
     try:
         import trl
         from transformers import TrainerCallback
@@ -296,6 +304,7 @@ def main() -> None:
     import rlvr.tasks  # noqa: F401
     from rlvr.model.checkpoint import save_model_dir
     from rlvr.tasks.base import generate_tasks
+    from rlvr.train.allocator import keep_freed_memory
 
     tmp = tempfile.mkdtemp(prefix="grpo_vs_trl_")
     tok = bench_tokenizer()
@@ -359,6 +368,7 @@ def main() -> None:
     instrument_trl(trainer, trl_clock)
     print(f"grpo step vs TRL {trl.__version__}: {a.size} model ({params / 1e6:.2f}M params), 8 prompts x 8 samples "
           f"x <= 32 new tokens, GEMMs: TRL {gemm['trl']}, rlvr {gemm['rlvr']}{' (compiled layers)' * a.compile}; "
+          f"malloc: {'freed memory kept (both sides)' if keep_freed_memory() else 'glibc default'}; "
           f"{machine_note()}", flush=True)
     trainer.train()
 
@@ -390,6 +400,7 @@ def main() -> None:
                         "threads": torch.get_num_threads(), "rlvr_packing": not a.no_packing,
                         "rlvr_share_prompts": not a.no_share_prompts, "rlvr_compile": a.compile,
                         "trl_gradient_checkpointing": a.trl_gradient_checkpointing,
+                        "freed_memory_kept": keep_freed_memory(),
                         "gemm": gemm, **summary})
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from rlvr.errors import UserError
+from rlvr.train.allocator import keep_freed_memory
 
 
 def _config_args(p: argparse.ArgumentParser, *, resume: bool = False) -> None:
@@ -160,6 +161,7 @@ def _quiet_libraries() -> None:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    keep_freed_memory()  # no page faults for each step's tensors (rlvr/train/allocator.py)
     args = build_parser().parse_args(argv)
     if getattr(args, "quiet", True):
         _quiet_libraries()

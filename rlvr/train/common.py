@@ -44,13 +44,19 @@ class OptimConfig:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
-    """AdamW (no decay on norms/biases) and a LambdaLR warm-up + decay schedule."""
+    """AdamW (no decay on norms/biases) and a LambdaLR warm-up + decay schedule.
+
+    AdamW runs fused (one kernel over each parameter and its two moments) where torch has the
+    kernel for the parameters' device and dtype (CPU and CUDA, float types): the same update as
+    the default multi-tensor one up to float rounding, and the same ``state_dict``, so a
+    checkpoint resumes either way. Measured on 2 CPU cores: 7.1 -> 3.9 ms per step on the 2.7M
+    benchmark model, 202 -> 22 ms on the 24M one (``docs/training_step.md``)."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=tuple(cfg.betas),
+        lr=cfg.lr, betas=tuple(cfg.betas), fused=fused_adamw_supported(params) or None,
     )
 
     def factor(step: int) -> float:
@@ -67,6 +73,18 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
 
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def fused_adamw_supported(params: list[torch.Tensor]) -> bool:
+    """True when torch's fused AdamW kernel covers these parameters: all floating point, all on
+    one device type that has the kernel (CPU, CUDA, ...)."""
+    try:  # torch's own list; private, so a torch without it gets the default AdamW
+        from torch.optim.optimizer import _get_fused_kernels_supported_devices
+        supported = set(_get_fused_kernels_supported_devices())
+    except ImportError:
+        return False
+    devices = {p.device.type for p in params}
+    return bool(params) and len(devices) == 1 and devices <= supported and all(torch.is_floating_point(p) for p in params)
 
 
 def clip_and_step(model, opt, sched, grad_clip: float) -> float:

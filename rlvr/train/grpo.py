@@ -55,6 +55,7 @@ from rlvr.rollout.episodes import EnvPool, Episode, judge, run_tasks
 from rlvr.sandbox.config import SandboxConfig, shared_sandbox
 from rlvr.tasks.base import DOMAINS, generate_tasks
 from rlvr.tasks.files import load_task_file
+from rlvr.train.allocator import keep_freed_memory
 from rlvr.train.batching import collate, select
 from rlvr.train.compiled import compiled_layers
 from rlvr.train.packing import packed_logprobs
@@ -291,6 +292,7 @@ class Run:
 
 
 def setup(cfg: GRPOConfig, resume: bool) -> Run:
+    keep_freed_memory()
     seed_everything(cfg.seed)
     run_dir = prepare_run_dir(cfg.out, cfg)
     ckpt = latest_checkpoint(run_dir) if resume else None

@@ -21,6 +21,7 @@ from rlvr.model.tiny import TinyModelConfig, build_tiny_model
 from rlvr.model.tokenizer import train_tokenizer
 from rlvr.monitor.metrics import MetricsLogger
 from rlvr.tasks.base import DOMAINS
+from rlvr.train.allocator import keep_freed_memory
 from rlvr.train.common import (OptimConfig, build_optimizer, clip_and_step, prepare_run_dir, restore_training_state,
                                seed_everything, training_state)
 
@@ -81,6 +82,7 @@ def pack(tokenizer, docs: list[str], seq_len: int) -> torch.Tensor:
 
 
 def run_pretrain(cfg: PretrainConfig, *, resume: bool = False, progress: bool = True) -> dict:
+    keep_freed_memory()
     seed_everything(cfg.seed)
     run_dir = prepare_run_dir(cfg.out, cfg)
     start = time.perf_counter()

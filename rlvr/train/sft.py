@@ -26,6 +26,7 @@ from rlvr.model.load import load_model_and_tokenizer
 from rlvr.model.tokenizer import encode_chat_prompt, encode_completion
 from rlvr.monitor.metrics import MetricsLogger
 from rlvr.tasks.base import generate_tasks
+from rlvr.train.allocator import keep_freed_memory
 from rlvr.train.batching import pad_right
 from rlvr.train.common import OptimConfig, build_optimizer, clip_and_step, prepare_run_dir, seed_everything
 from rlvr.envs.base import EnvConfig, env_name, is_multi_turn, play
@@ -102,6 +103,7 @@ def build_examples(tokenizer, tasks: list[Task], *, env_cfg: EnvConfig | None = 
 
 
 def run_sft(cfg: SFTConfig, *, progress: bool = True) -> dict:
+    keep_freed_memory()
     seed_everything(cfg.seed)
     run_dir = prepare_run_dir(cfg.out, cfg)
     start = time.perf_counter()
