@@ -5,8 +5,9 @@ logits, the rollout engine's packed weights). glibc's malloc hands large blocks 
 kernel when they are freed (``mmap``-ed blocks, and the top of the heap beyond a trim
 threshold), so the next step's tensors of the same sizes start as fresh pages, and each 4 KiB
 page costs a fault on first touch: about 1-2 µs on these VMs. Measured on the TRL benchmark's
-GRPO step (small model, 2 cores): 32,000-36,000 minor faults per step by default, 2 with
-``keep_freed_memory()``, and the step 0.61-0.64 s -> 0.51 s (``docs/training_step.md``).
+workload run by rlvr alone in a process (small model, 2 cores, eager update): 32,000-36,000 minor
+faults per GRPO step by default, 2 with ``keep_freed_memory()``, and the step 0.61-0.64 s ->
+0.51 s (``docs/training_step.md``).
 
 ``keep_freed_memory()`` sets glibc's ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD`` to 1 GiB:
 blocks below that come from the heap and freed heap memory stays in the process for reuse,
