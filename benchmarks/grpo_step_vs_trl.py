@@ -41,8 +41,9 @@ completion tokens: 3 x [2 x non-embedding params x n + 2 x lm-head params x c + 
 attention 4 x layers x hidden x n(n+1)/2 (causal). Padding is not counted; the LM head is counted at
 the completion positions only, the ones both implementations compute it at (counting it at prompt
 positions too, as ``model_flops_per_token`` x all tokens does, would add about 2.5% on ``small``).
-rlvr's shared prompts (``algo.share_prompts``: a group's prompt runs once per packed row) are
-counted once per row, as computed: the fraction is of the work done, not of the work saved.
+rlvr's shared prompts (``algo.share_prompts``: a group's prompt runs once, in the flat layout of
+``rlvr.train.sequence_attention``; once per packed row in the row layout) are counted as computed:
+the fraction is of the work done, not of the work saved.
 """
 
 from __future__ import annotations
@@ -88,13 +89,18 @@ def useful_flops(model, seq_lens: list[int], completion_lens: list[int],
     return 3.0 * fwd
 
 
-def shared_copies(micro, hidden_size: int) -> list[tuple[int, int]]:
-    """(prompt length, prompt copies not computed) for rlvr's packed layout of ``micro``."""
+def shared_copies(micro, model) -> list[tuple[int, int]]:
+    """(prompt length, prompt copies not computed) for rlvr's layout of ``micro``: the flat
+    layout (a shared prompt once per group) where ``model`` runs attention per sequence, else the
+    row layout (once per row of ``shared_width`` tokens)."""
+    from rlvr.train import sequence_attention
     from rlvr.train.packing import layout_units, shared_prompts, shared_width
 
     lengths = micro.attention_mask.sum(1).tolist()
     groups = shared_prompts(micro.input_ids, micro.attention_mask, micro.loss_mask)
-    units = layout_units(lengths, groups, shared_width(lengths, groups, hidden_size))
+    flat = sequence_attention.supported(model, max(lengths))
+    width = sum(lengths) if flat else shared_width(lengths, groups, model.config.hidden_size)
+    units = layout_units(lengths, groups, width)
     return [(p, len(members) - 1) for p, members in units if p]
 
 
@@ -168,7 +174,7 @@ class RlvrSide:
             lens = micro.attention_mask.sum(1).tolist()
             comp = micro.loss_mask.sum(1).long().tolist()
             sharing = side.cfg.algo.packing and side.cfg.algo.share_prompts
-            shared = shared_copies(micro, model.config.hidden_size) if sharing else []
+            shared = shared_copies(micro, model) if sharing else []
             side.clock.flops += useful_flops(model, lens, comp, shared)
             side._fwd_end = time.perf_counter()  # the FLOP count above is in no phase
             return out

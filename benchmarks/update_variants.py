@@ -11,7 +11,10 @@ there). Variants (``--variants``, comma-separated):
 - ``eager``: the default training forward (packed, shared prompts);
 - ``compiled``: with ``algo.compile`` (compiled decoder layers);
 - ``unshared``: packing without shared prompts (``algo.share_prompts=false``);
-- ``padded``: no packing (``algo.packing=false``).
+- ``padded``: no packing (``algo.packing=false``);
+- ``rows``, ``compiled_rows``: the row layout (rows of a few sequences under a dense block-diagonal
+  mask), which models without per-sequence attention use, instead of the flat layout
+  (``rlvr.train.sequence_attention``).
 
 Prints the median seconds per variant, useful forward + backward FLOPs per second (counted as in
 ``grpo_step_vs_trl.py``, for the default layout: the other layouts' extra work is not counted,
@@ -48,6 +51,8 @@ VARIANTS = {
     "compiled": {"compile": True},
     "unshared": {"share_prompts": False},
     "padded": {"packing": False},
+    "rows": {},
+    "compiled_rows": {"compile": True},
 }
 
 
@@ -69,7 +74,7 @@ def main() -> None:
     import rlvr.tasks  # noqa: F401
     from rlvr.model.checkpoint import save_model_dir
     from rlvr.tasks.base import generate_tasks
-    from rlvr.train import grpo
+    from rlvr.train import grpo, sequence_attention
     from rlvr.train.batching import collate
     from rlvr.types import Scored, Verdict
 
@@ -88,14 +93,20 @@ def main() -> None:
     model = run.model.train()
     totals = {"num_tokens": float(batch.loss_mask.sum()), "num_seqs": float(len(kept)), "max_tokens": 32}
     lens, comp = batch.attention_mask.sum(1).tolist(), batch.loss_mask.sum(1).long().tolist()
-    flops = useful_flops(model, lens, comp, shared_copies(batch, model.config.hidden_size))
+    flops = useful_flops(model, lens, comp, shared_copies(batch, model))
 
     def fwd_bwd(name: str) -> float:
         algo = dataclasses.replace(cfg.algo, **VARIANTS[name])
-        t0 = time.perf_counter()
-        loss, _ = grpo.micro_loss(model, batch, algo, totals)
-        loss.backward()
-        seconds = time.perf_counter() - t0
+        supported = sequence_attention.supported
+        if name.endswith("rows"):
+            sequence_attention.supported = lambda model, longest: False
+        try:
+            t0 = time.perf_counter()
+            loss, _ = grpo.micro_loss(model, batch, algo, totals)
+            loss.backward()
+            seconds = time.perf_counter() - t0
+        finally:
+            sequence_attention.supported = supported
         model.zero_grad(set_to_none=True)
         return seconds
 

@@ -105,9 +105,10 @@ def test_fallback_without_a_plain_head_gives_the_same_logprobs(batch, monkeypatc
     torch.testing.assert_close(fast, full, atol=1e-6, rtol=0)
 
 
-def test_auto_packs_only_when_it_saves_enough_slots(batch, monkeypatch):
+def test_without_sequence_attention_auto_packs_rows_only_when_it_saves_enough_slots(batch, monkeypatch):
     import rlvr.train.packing as packing_module
 
+    monkeypatch.setattr(packing_module.sequence_attention, "supported", lambda model, longest: False)
     calls = []
     real_pack, real_rows = packing_module.pack, packing_module.causal_rows
     monkeypatch.setattr(packing_module, "pack", lambda *a, **k: calls.append("pack") or real_pack(*a, **k))
@@ -120,10 +121,11 @@ def test_auto_packs_only_when_it_saves_enough_slots(batch, monkeypatch):
     assert calls == ["pack", "rows"]
 
 
-def _loss_and_grads(model, batch, packed: bool | None, aggregation: str):
+def _loss_and_grads(model, batch, packed: bool | None, aggregation: str, width: int | None = None):
     model.zero_grad(set_to_none=True)
     if packed is not None:
-        lp = packed_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, packing=packed)
+        lp = packed_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, packing=packed,
+                             width=width)
     else:
         lp = sequence_logprobs(model, batch.input_ids, batch.attention_mask)
     loss, metrics = POLICY_LOSSES.get("ppo_clip")(lp, batch.old_logprobs, batch.advantages, batch.loss_mask,
@@ -136,8 +138,8 @@ def _loss_and_grads(model, batch, packed: bool | None, aggregation: str):
 def test_loss_and_gradients_match_the_padded_forward(batch, aggregation):
     model = _model()
     loss_a, met_a, grads_a = _loss_and_grads(model, batch, None, aggregation)  # sequence_logprobs
-    for mode in (True, False):
-        loss_b, met_b, grads_b = _loss_and_grads(model, batch, mode, aggregation)
+    for mode, width in ((True, None), (True, 24), (False, None)):  # flat, rows of 24, padded
+        loss_b, met_b, grads_b = _loss_and_grads(model, batch, mode, aggregation, width)
         torch.testing.assert_close(loss_b, loss_a, atol=1e-6, rtol=1e-5)
         for k in met_a:
             assert met_b[k] == pytest.approx(met_a[k], abs=1e-5), k
@@ -306,3 +308,81 @@ def test_packed_gradients_are_bitwise_reproducible_on_two_threads():
     finally:
         torch.set_num_threads(threads)
     assert len(seen) == 1
+
+
+# --------------------------------------------------------------------------- flat layout
+
+
+def test_flat_layout_holds_every_token_once_and_each_shared_prompt_once(grouped):
+    from rlvr.train.packing import flat
+
+    groups = shared_prompts(grouped.input_ids, grouped.attention_mask, grouped.loss_mask)
+    packed = flat(grouped.input_ids, grouped.attention_mask, groups=groups)
+    real = grouped.attention_mask.bool()
+    prompts_saved = sum(p * (len(m) - 1) for p, m in groups)
+    assert packed.input_ids.shape == (1, int(real.sum()) - prompts_saved)  # no padding, prompts once
+    assert (packed.segment >= 0).all()
+    b, t = real.nonzero(as_tuple=True)
+    assert torch.equal(packed.input_ids.reshape(-1)[packed.slot[b, t]], grouped.input_ids[b, t])
+    assert torch.equal(packed.position_ids.reshape(-1)[packed.slot[b, t]], t)
+
+
+def test_packed_forward_runs_attention_per_sequence_and_restores_the_model(grouped, monkeypatch):
+    from rlvr.train import sequence_attention as sa
+
+    calls = []
+    real_attention = sa.sequence_attention
+
+    def spy(module, q, k, v, mask, **kwargs):
+        calls.append((tuple(q.shape), mask, tuple(kwargs["rlvr_gather"].shape)))
+        return real_attention(module, q, k, v, mask, **kwargs)
+
+    monkeypatch.setattr(sa, "sequence_attention", spy)
+    from transformers import AttentionInterface
+    AttentionInterface.register(sa.ATTENTION, spy)
+    model = _model()
+    try:
+        with torch.no_grad():
+            packed_logprobs(model, grouped.input_ids, grouped.attention_mask, grouped.loss_mask, share_prompts=True)
+    finally:
+        AttentionInterface.register(sa.ATTENTION, real_attention)
+    assert len(calls) == model.config.num_hidden_layers
+    (q_shape, mask, gather_shape), = set(calls)
+    assert q_shape[0] == 1 and mask is None and gather_shape == tuple(grouped.input_ids.shape)
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_a_plain_forward_during_the_swap_keeps_its_own_mask(batch):
+    """Another forward of the same model while a flat forward has the attention swapped (async
+    mode's producer thread) runs transformers' SDPA attention with its padding mask, unchanged."""
+    from rlvr.train import sequence_attention as sa
+
+    model = _model()
+    assert sa.supported(model, 19)
+    with torch.no_grad():
+        before = sequence_logprobs(model, batch.input_ids, batch.attention_mask)
+        with sa.sequence_layout(model):
+            sa._ACTIVE.on = False  # as seen from another thread
+            during = sequence_logprobs(model, batch.input_ids, batch.attention_mask)
+    torch.testing.assert_close(during, before, atol=1e-6, rtol=0)
+
+
+def test_the_swap_is_undone_on_error():
+    from rlvr.train import sequence_attention as sa
+
+    model = _model()
+    with pytest.raises(RuntimeError), sa.sequence_layout(model):
+        raise RuntimeError("boom")
+    assert model.config._attn_implementation == "sdpa" and not getattr(sa._ACTIVE, "on", False)
+
+
+def test_models_outside_the_plain_attention_families_keep_the_row_layout():
+    from rlvr.train import sequence_attention as sa
+
+    model = _model()
+    assert sa.supported(model, 40)
+    model.config.sliding_window = 32  # a window shorter than the longest sequence changes attention
+    assert not sa.supported(model, 40) and sa.supported(model, 32)
+    model.config.sliding_window = None
+    model.config.model_type = "gemma2"  # soft-capped attention logits
+    assert not sa.supported(model, 40)

@@ -40,9 +40,12 @@ Not here: the loss (``rlvr.algos.losses``), collation (``rlvr.train.batching``).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
+
+from rlvr.train import sequence_attention
 
 # Decoder families whose causal-LM head is exactly ``lm_head(last_hidden_state)`` (no logit
 # scaling or soft-capping): for them the head runs on the wanted positions only.
@@ -187,6 +190,17 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int | Non
     return Packed(ids.view(R, width), positions.view(R, width), segment.view(R, width), slot, prefix)
 
 
+def flat(input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_token_id: int = 0,
+         groups: list[tuple[int, list[int]]] | None = None) -> Packed:
+    """Every token once, in a single row with no padding: each sequence's tokens in order, a shared
+    prompt (``groups``) once per group followed by the rest of each member. For attention per
+    sequence (``rlvr.train.sequence_attention``); ``segment`` and ``prefix`` describe it as for
+    ``pack``, whose layout it is with one row as wide as all of it."""
+    lengths = attention_mask.sum(dim=1).tolist()
+    units = layout_units(lengths, groups, sum(lengths))
+    return pack(input_ids, attention_mask, sum(_unit_length(u, lengths) for u in units), pad_token_id, groups)
+
+
 def _decoder_and_head(model: torch.nn.Module):
     """(base decoder, lm head) when logits are exactly ``head(decoder(...).last_hidden_state)``."""
     cfg = getattr(model, "config", None)
@@ -256,12 +270,17 @@ def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     """
     B, T = input_ids.shape
     groups = shared_prompts(input_ids, attention_mask, want) if share_prompts and want is not None else None
-    if groups and width is None:
-        width = shared_width(attention_mask.sum(dim=1).tolist(), groups, model.get_input_embeddings().embedding_dim)
-    if packing is None:
-        stats = padding_stats(attention_mask, width, groups)
-        packing = stats["packed_slots"] <= (1 - PACK_MIN_SAVING) * stats["padded_slots"]
-    rows = pack(input_ids, attention_mask, width, groups=groups) if packing else causal_rows(input_ids, attention_mask)
+    lengths = attention_mask.sum(dim=1).tolist()
+    per_sequence = packing is not False and width is None and sequence_attention.supported(model, max(lengths))
+    if per_sequence:
+        rows = flat(input_ids, attention_mask, groups=groups)
+    else:
+        if groups and width is None:
+            width = shared_width(lengths, groups, model.get_input_embeddings().embedding_dim)
+        if packing is None:
+            stats = padding_stats(attention_mask, width, groups)
+            packing = stats["packed_slots"] <= (1 - PACK_MIN_SAVING) * stats["padded_slots"]
+        rows = pack(input_ids, attention_mask, width, groups=groups) if packing else causal_rows(input_ids, attention_mask)
     real = attention_mask.bool()
     targets = real.clone()
     targets[:, 0] = False
@@ -273,22 +292,38 @@ def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     # a fixed order; ``hidden[src]``'s backward (``index_put_`` with accumulate) adds them in
     # thread order on CPU, and two-thread runs drifted apart in the last bits from the first step.
     src = rows.slot[b_idx, t_idx - 1]
-    dtype = next(model.parameters()).dtype
     inputs = {"input_ids": rows.input_ids, "use_cache": False}
-    if packing:
-        inputs.update(attention_mask=rows.attention_mask(dtype), position_ids=rows.position_ids)
+    layout = contextlib.nullcontext()
+    if per_sequence:
+        inputs.update(position_ids=rows.position_ids, **_sequence_indices(rows.slot, real))
+        layout = sequence_attention.sequence_layout(model)
+    elif packing:
+        inputs.update(attention_mask=rows.attention_mask(next(model.parameters()).dtype), position_ids=rows.position_ids)
     base, head = _decoder_and_head(model)
-    if base is not None:
-        hidden = base(**inputs).last_hidden_state
-        logits = head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, src)).float()
-    else:
-        logits = model(**inputs).logits
-        logits = logits.reshape(-1, logits.shape[-1]).index_select(0, src).float()
+    with layout:
+        if base is not None:
+            hidden = base(**inputs).last_hidden_state
+            logits = head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, src)).float()
+        else:
+            logits = model(**inputs).logits
+            logits = logits.reshape(-1, logits.shape[-1]).index_select(0, src).float()
     tgt = input_ids[b_idx, t_idx]
     lp = logits.gather(-1, tgt[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     out = torch.zeros(B * T, dtype=torch.float32, device=input_ids.device)
     out = out.index_put((b_idx * T + t_idx,), lp)
     return out.view(B, T)
+
+
+def _sequence_indices(slot: torch.Tensor, real: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The flat layout's indices for ``sequence_attention``: ``rlvr_gather`` [B, T], the slot of
+    each sequence position (slot 0 on padding, which no real token attends to), and ``rlvr_owner``
+    [N], for each slot the lowest flat position ``b * T + t`` that holds it (a shared prompt's
+    slot is held by every sequence of its group; their outputs there are the same)."""
+    B, T = slot.shape
+    position = torch.arange(B * T, device=slot.device).view(B, T)
+    owner = torch.full((int(slot.max()) + 1,), B * T, dtype=torch.long, device=slot.device)
+    owner = owner.scatter_reduce(0, slot[real], position[real], reduce="amin")
+    return {"rlvr_gather": torch.where(real, slot, 0), "rlvr_owner": owner}
 
 
 def padding_stats(attention_mask: torch.Tensor, width: int | None = None,
@@ -305,5 +340,5 @@ def _row_count(lengths: list[int], groups: list[tuple[int, list[int]]] | None, w
     return len(first_fit_decreasing([_unit_length(u, lengths) for u in layout_units(lengths, groups, width)], width))
 
 
-__all__ = ["ATTENTION_PER_COLUMN", "PACK_MIN_SAVING", "SHARED_MAX_WIDTH", "SHARED_WIDTH", "Packed", "causal_rows", "first_fit_decreasing",
+__all__ = ["ATTENTION_PER_COLUMN", "PACK_MIN_SAVING", "SHARED_MAX_WIDTH", "SHARED_WIDTH", "Packed", "causal_rows", "first_fit_decreasing", "flat",
            "layout_units", "pack", "packed_logprobs", "padding_stats", "shared_prompts", "shared_width"]
