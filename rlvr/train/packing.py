@@ -1,7 +1,12 @@
 """Training forward without padding waste: per-token log-probs of right-padded sequences.
 
 What it does:
-- ``pack`` lays the sequences of a right-padded ``[B, T]`` batch end to end into ``R`` rows of
+- ``flat`` (the default layout where the model allows it): every token once in a single row, no
+  padding, a GRPO group's shared prompt once per group; the decoder's matmuls and elementwise
+  kernels run on exactly those tokens and attention runs per sequence
+  (``rlvr.train.sequence_attention``: each sequence's queries, keys and values gathered into a
+  right-padded batch under the plain causal flag). No mask tensor is built.
+- ``pack`` (the row layout, for models whose attention cannot run per sequence) lays the sequences of a right-padded ``[B, T]`` batch end to end into ``R`` rows of
   ``width`` tokens (first-fit decreasing; ``width`` defaults to the longest sequence, so no row is
   longer than the padded batch and attention costs no more), with per-sequence ``position_ids``
   (0, 1, 2, ... restarting at each sequence) and a block-diagonal causal mask: a token attends to
@@ -17,20 +22,22 @@ What it does:
   run once per row instead of once per sample, and its gradient is the sum over the samples that
   read it, as in the unshared forward. The row width is chosen per batch (``shared_width``): the
   cheapest layout by a cost model of slots and dense-mask attention.
-- ``packed_logprobs`` runs the model once, packed when that removes at least ``PACK_MIN_SAVING``
-  (10%) of the token slots, else on ``causal_rows``, and returns the same ``[B, T]`` log-probs as
+- ``packed_logprobs`` runs the model once: on the ``flat`` layout when
+  ``sequence_attention.supported`` (Llama, Qwen2/3, Mistral, Phi-3 ... with transformers' attention
+  interface) and no ``width`` is asked for; else packed in rows when that removes at least
+  ``PACK_MIN_SAVING`` (10%) of the token slots, else on ``causal_rows``. It returns the same ``[B, T]`` log-probs as
   ``rlvr.rollout.engine.sequence_logprobs`` at the positions asked for (``want``, e.g. the loss
   mask), 0.0 elsewhere. The language-model head and the log-softmax run only at those positions
   (for plain-head decoders: Llama, Qwen2/3, Mistral, Phi-3 ...): no ``[B, T, V]`` logits for
   prompt tokens. Gradients flow as in the plain path.
 
-Why it is exact: within a row, the mask lets each token see exactly the tokens its own sequence
-has before it (a shared prompt's copy included), and rotary positions are each token's position in
-its own sequence, so every hidden state equals the
-one of the padded forward (up to float summation order); tests/test_packing.py checks log-probs,
+Why it is exact: every token sees exactly the tokens its own sequence has before it (a shared
+prompt's copy included): per sequence in the flat layout, under the mask within a row. Rotary
+positions are each token's position in its own sequence, so every hidden state equals the one of
+the padded forward (up to float summation order); tests/test_packing.py checks log-probs,
 loss and gradients against the plain right-padded path.
 
-How the mask reaches the model: as a 4D additive float mask ``[R, 1, width, width]`` (0 where
+How the row layout's mask reaches the model: as a 4D additive float mask ``[R, 1, width, width]`` (0 where
 attention is allowed, the dtype's minimum elsewhere), the form every transformers version since
 4.4x passes to SDPA/eager attention unchanged. FlashAttention-2 models ignore 4D masks; use
 ``algo.packing=false`` for them (or any model whose attention does not accept a 4D mask).
