@@ -6,10 +6,11 @@ What it does:
   kernels run on exactly those tokens and attention runs per sequence
   (``rlvr.train.sequence_attention``: each sequence's queries, keys and values gathered into a
   right-padded batch under the plain causal flag). No mask tensor is built.
-- ``pack`` (the row layout, for models whose attention cannot run per sequence) lays the sequences of a right-padded ``[B, T]`` batch end to end into ``R`` rows of
-  ``width`` tokens (first-fit decreasing; ``width`` defaults to the longest sequence, so no row is
-  longer than the padded batch and attention costs no more), with per-sequence ``position_ids``
-  (0, 1, 2, ... restarting at each sequence) and a block-diagonal causal mask: a token attends to
+- ``pack`` (the row layout, for models whose attention cannot run per sequence) lays the
+  sequences of a right-padded ``[B, T]`` batch end to end into ``R`` rows of ``width`` tokens
+  (first-fit decreasing; ``width`` defaults to the longest sequence, so no row is longer than the
+  padded batch and attention costs no more), with per-sequence ``position_ids`` (0, 1, 2, ...
+  restarting at each sequence) and a block-diagonal causal mask: a token attends to
   the earlier tokens of its own sequence only. The padded batch's ``B * T`` slots become about
   ``sum(lengths)`` (the last row's tail and any gaps are the only padding left).
 - ``causal_rows`` keeps the right-padded rows and drops the padding mask: padding follows every
@@ -17,19 +18,19 @@ What it does:
   unmasked causal kernel.
 - **Shared prompts** (``shared_prompts``, ``pack(groups=...)``): the n samples of a GRPO group
   start with the same prompt. Packed with sharing, a row holds one copy of the prompt followed by
-  the rest of several of its samples; each sample's tokens see the prompt copy and their own
-  earlier tokens, with positions continuing from the prompt's. The prompt's forward and backward
-  run once per row instead of once per sample, and its gradient is the sum over the samples that
-  read it, as in the unshared forward. The row width is chosen per batch (``shared_width``): the
+  the rest of several of its samples (in the flat layout: one copy per group); each sample's
+  tokens see the prompt copy and their own earlier tokens, with positions continuing from the
+  prompt's. The prompt's forward and backward run once per row (per group) instead of once per
+  sample, and its gradient is the sum over the samples that read it, as in the unshared forward. The row width is chosen per batch (``shared_width``): the
   cheapest layout by a cost model of slots and dense-mask attention.
 - ``packed_logprobs`` runs the model once: on the ``flat`` layout when
   ``sequence_attention.supported`` (Llama, Qwen2/3, Mistral, Phi-3 ... with transformers' attention
   interface) and no ``width`` is asked for; else packed in rows when that removes at least
-  ``PACK_MIN_SAVING`` (10%) of the token slots, else on ``causal_rows``. It returns the same ``[B, T]`` log-probs as
-  ``rlvr.rollout.engine.sequence_logprobs`` at the positions asked for (``want``, e.g. the loss
-  mask), 0.0 elsewhere. The language-model head and the log-softmax run only at those positions
-  (for plain-head decoders: Llama, Qwen2/3, Mistral, Phi-3 ...): no ``[B, T, V]`` logits for
-  prompt tokens. Gradients flow as in the plain path.
+  ``PACK_MIN_SAVING`` (10%) of the token slots, else on ``causal_rows``. It returns the same
+  ``[B, T]`` log-probs as ``rlvr.rollout.engine.sequence_logprobs`` at the positions asked for
+  (``want``, e.g. the loss mask), 0.0 elsewhere. The language-model head and the log-softmax run
+  only at those positions (for plain-head decoders: Llama, Qwen2/3, Mistral, Phi-3 ...): no
+  ``[B, T, V]`` logits for prompt tokens. Gradients flow as in the plain path.
 
 Why it is exact: every token sees exactly the tokens its own sequence has before it (a shared
 prompt's copy included): per sequence in the flat layout, under the mask within a row. Rotary
@@ -37,10 +38,12 @@ positions are each token's position in its own sequence, so every hidden state e
 the padded forward (up to float summation order); tests/test_packing.py checks log-probs,
 loss and gradients against the plain right-padded path.
 
-How the row layout's mask reaches the model: as a 4D additive float mask ``[R, 1, width, width]`` (0 where
-attention is allowed, the dtype's minimum elsewhere), the form every transformers version since
-4.4x passes to SDPA/eager attention unchanged. FlashAttention-2 models ignore 4D masks; use
-``algo.packing=false`` for them (or any model whose attention does not accept a 4D mask).
+How the row layout's mask reaches the model: as a 4D additive float mask
+``[R, 1, width, width]`` (0 where attention is allowed, the dtype's minimum elsewhere), the form
+every transformers version since 4.4x passes to SDPA/eager attention unchanged. FlashAttention-2
+models ignore 4D masks; use ``algo.packing=false`` for them (or any model whose attention does not
+accept a 4D mask). The flat layout needs no mask: a model of a supported family runs it whatever
+its configured attention implementation (``sequence_attention`` calls SDPA itself).
 
 Not here: the loss (``rlvr.algos.losses``), collation (``rlvr.train.batching``).
 """
@@ -268,11 +271,13 @@ def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
 
     Same values as ``sequence_logprobs(model, input_ids, attention_mask)`` there (up to float
     summation order), 0.0 elsewhere (``want`` defaults to every real token but the first).
-    ``packing``: True packs (``pack``), False keeps the padded rows with a causal-only mask
-    (``causal_rows``), None (default) packs when that saves ``PACK_MIN_SAVING`` of the slots.
+    ``packing``: False keeps the padded rows with a causal-only mask (``causal_rows``); True or
+    None (default) runs the ``flat`` layout where ``sequence_attention.supported(model)`` and
+    ``width`` is not given, else rows (``pack``): always with True, with None when that saves
+    ``PACK_MIN_SAVING`` of the slots.
     ``share_prompts`` (with ``want``): sequences that start with the same unwanted tokens (a GRPO
-    group's prompt, ``shared_prompts``) run that prompt once per packed row, in rows of
-    ``shared_width`` tokens unless ``width`` is given.
+    group's prompt, ``shared_prompts``) run that prompt once per group in the flat layout, once
+    per row in rows of ``shared_width`` tokens (or ``width``).
     input_ids, attention_mask, want: [B, T], right-padded -> [B, T] float32.
     """
     B, T = input_ids.shape
@@ -305,7 +310,8 @@ def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
         inputs.update(position_ids=rows.position_ids, **_sequence_indices(rows.slot, real))
         layout = sequence_attention.sequence_layout(model)
     elif packing:
-        inputs.update(attention_mask=rows.attention_mask(next(model.parameters()).dtype), position_ids=rows.position_ids)
+        mask = rows.attention_mask(next(model.parameters()).dtype)
+        inputs.update(attention_mask=mask, position_ids=rows.position_ids)
     base, head = _decoder_and_head(model)
     with layout:
         if base is not None:
