@@ -21,8 +21,9 @@ What it does:
   the rest of several of its samples (in the flat layout: one copy per group); each sample's
   tokens see the prompt copy and their own earlier tokens, with positions continuing from the
   prompt's. The prompt's forward and backward run once per row (per group) instead of once per
-  sample, and its gradient is the sum over the samples that read it, as in the unshared forward. The row width is chosen per batch (``shared_width``): the
-  cheapest layout by a cost model of slots and dense-mask attention.
+  sample, and its gradient is the sum over the samples that read it, as in the unshared forward.
+  The row width is chosen per batch (``shared_width``): the cheapest layout by a cost model of
+  slots and dense-mask attention.
 - ``packed_logprobs`` runs the model once: on the ``flat`` layout when
   ``sequence_attention.supported`` (Llama, Qwen2/3, Mistral, Phi-3 ... with transformers' attention
   interface) and no ``width`` is asked for; else packed in rows when that removes at least
