@@ -327,7 +327,9 @@ def test_flat_layout_holds_every_token_once_and_each_shared_prompt_once(grouped)
     assert torch.equal(packed.position_ids.reshape(-1)[packed.slot[b, t]], t)
 
 
-def test_packed_forward_runs_attention_per_sequence_and_restores_the_model(grouped, monkeypatch):
+def test_packed_forward_runs_attention_per_sequence_and_restores_the_model(grouped):
+    from transformers import AttentionInterface
+
     from rlvr.train import sequence_attention as sa
 
     calls = []
@@ -337,8 +339,6 @@ def test_packed_forward_runs_attention_per_sequence_and_restores_the_model(group
         calls.append((tuple(q.shape), mask, tuple(kwargs["rlvr_gather"].shape)))
         return real_attention(module, q, k, v, mask, **kwargs)
 
-    monkeypatch.setattr(sa, "sequence_attention", spy)
-    from transformers import AttentionInterface
     AttentionInterface.register(sa.ATTENTION, spy)
     model = _model()
     try:

@@ -22,9 +22,8 @@ attention needs to know which tokens belong together; it runs here, one sequence
   passes to every attention call. A call without them (another thread's forward of the same model
   while the swap is on) runs transformers' own SDPA attention with its own mask, unchanged.
 - ``supported(model, longest)``: transformers with the attention and mask interfaces, a decoder
-  family whose attention is plain scaled-dot-product (the ``_PLAIN_HEAD`` families of
-  ``packing``) and no sliding window shorter than the longest sequence. Other models keep the row
-  layout.
+  family whose attention is plain scaled-dot-product (``_FAMILIES``) and no sliding window
+  shorter than the longest sequence. Other models keep the row layout.
 """
 
 from __future__ import annotations
@@ -36,6 +35,9 @@ from collections.abc import Iterator
 import torch
 
 ATTENTION = "rlvr_sequences"
+# Decoder families whose attention is plain scaled-dot-product attention (no logit soft-capping,
+# sinks or per-layer windows beyond ``sliding_window``): the same list as ``packing._PLAIN_HEAD``
+# today, kept apart because it says something else.
 _FAMILIES = {"llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "olmo2"}
 _ACTIVE = threading.local()  # set while this thread runs a flat forward: its mask function returns None
 _REGISTERED: list[bool] = []
