@@ -312,6 +312,16 @@ def test_packed_gradients_are_bitwise_reproducible_on_two_threads():
 
 # --------------------------------------------------------------------------- flat layout
 
+def _has_attention_interface() -> bool:
+    from rlvr.train import sequence_attention
+
+    return sequence_attention._register()
+
+
+# transformers before the attention and mask interfaces (< 4.53): the row layout only
+needs_sequence_attention = pytest.mark.skipif(not _has_attention_interface(),
+                                              reason="this transformers has no attention mask interface")
+
 
 def test_flat_layout_holds_every_token_once_and_each_shared_prompt_once(grouped):
     from rlvr.train.packing import flat
@@ -327,6 +337,7 @@ def test_flat_layout_holds_every_token_once_and_each_shared_prompt_once(grouped)
     assert torch.equal(packed.position_ids.reshape(-1)[packed.slot[b, t]], t)
 
 
+@needs_sequence_attention
 def test_packed_forward_runs_attention_per_sequence_and_restores_the_model(grouped):
     from transformers import AttentionInterface
 
@@ -352,6 +363,7 @@ def test_packed_forward_runs_attention_per_sequence_and_restores_the_model(group
     assert model.config._attn_implementation == "sdpa"
 
 
+@needs_sequence_attention
 def test_a_plain_forward_during_the_swap_keeps_its_own_mask(batch):
     """Another forward of the same model while a flat forward has the attention swapped (async
     mode's producer thread) runs transformers' SDPA attention with its padding mask, unchanged."""
@@ -376,6 +388,7 @@ def test_the_swap_is_undone_on_error():
     assert model.config._attn_implementation == "sdpa" and not getattr(sa._ACTIVE, "on", False)
 
 
+@needs_sequence_attention
 def test_models_outside_the_plain_attention_families_keep_the_row_layout():
     from rlvr.train import sequence_attention as sa
 
