@@ -26,6 +26,9 @@ num_iterations 1 (so no extra old-policy forward, as in rlvr), plain ``model.gen
 gradient checkpointing off (TRL's GRPOConfig turns it on by default, which recomputes the forward
 during the backward; ``--trl-gradient-checkpointing`` keeps that default).
 
+``--rlvr-only``: rlvr's side alone (TRL not imported), in the process a training run has; same
+steps, phases and matmul fraction, no ratio. Both sides run slower in the shared process than
+alone (see ``docs/benchmarks.md``).
 Timing: TRL's own ``train()`` drives the loop; a callback after every ``--per-round`` TRL steps runs
 as many rlvr steps, so the two sides alternate in one process with the same threads. The first
 ``--warmup`` steps of each side are not counted. Phases:
@@ -292,6 +295,9 @@ def main() -> None:
     ap.add_argument("--default-malloc", action="store_true",
                     help="glibc's default malloc behaviour for both sides (RLVR_KEEP_FREED_MEMORY=0): freed "
                          "memory goes back to the kernel and the next step's tensors page-fault")
+    ap.add_argument("--rlvr-only", action="store_true",
+                    help="rlvr's side alone, TRL not imported (rlvr's own process, as a training run has it): "
+                         "the same steps, phases and matmul fraction, no ratio")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     rounds = a.rounds or (4 if a.size == "small" else 3)
@@ -300,6 +306,8 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     if a.default_malloc:
         os.environ["RLVR_KEEP_FREED_MEMORY"] = "0"
+    if a.rlvr_only:
+        return rlvr_only(a, rounds, per_round)
     try:
         import trl
         from transformers import TrainerCallback
@@ -381,17 +389,8 @@ def main() -> None:
     rate_of = {g: statistics.median(r) for g, r in rates.items()}
     rows, summary = [], {}
     for side in ("trl", "rlvr"):
-        rate = rate_of[gemm[side]]
-        steps = results[side]
-        med = statistics.median(s[0] for s in steps)
-        phases = {p: statistics.median(s[1].get(p, 0.0) for s in steps) for p in PHASES[:-1]}
-        phases["other"] = statistics.median(s[0] - sum(s[1].get(p, 0.0) for p in PHASES[:-1]) for s in steps)
-        fb_rate = statistics.median(s[2] / (s[1]["forward"] + s[1]["backward"]) / 1e9 for s in steps)
-        summary[side] = {"s_per_step": med, "steps": len(steps), "phases_s": phases, "gemm": gemm[side],
-                         "fwd_bwd_gflops": fb_rate, "matmul_fraction": fb_rate / rate,
-                         "step_s_all": [s[0] for s in steps]}
-        rows.append({"side": side, "gemm": gemm[side], "s/step": med, **{p: phases[p] for p in PHASES},
-                     "fwd+bwd GF/s": fb_rate, "of matmul": f"{fb_rate / rate:.0%}"})
+        summary[side], row = summarise(side, results[side], gemm[side], rate_of[gemm[side]])
+        rows.append(row)
     speedup = summary["trl"]["s_per_step"] / summary["rlvr"]["s_per_step"]
     by_round = round_speedups([s[0] for s in results["trl"]], [s[0] for s in results["rlvr"]], per_round)
     print()
@@ -408,6 +407,58 @@ def main() -> None:
                         "trl_gradient_checkpointing": a.trl_gradient_checkpointing,
                         "freed_memory_kept": keep_freed_memory(),
                         "gemm": gemm, **summary})
+
+
+def summarise(side: str, steps: list, gemm: str, rate: float) -> tuple[dict, dict]:
+    """(JSON summary, table row) of one side's counted steps: (seconds, phase seconds, FLOPs) each."""
+    med = statistics.median(s[0] for s in steps)
+    phases = {p: statistics.median(s[1].get(p, 0.0) for s in steps) for p in PHASES[:-1]}
+    phases["other"] = statistics.median(s[0] - sum(s[1].get(p, 0.0) for p in PHASES[:-1]) for s in steps)
+    fb_rate = statistics.median(s[2] / (s[1]["forward"] + s[1]["backward"]) / 1e9 for s in steps)
+    summary = {"s_per_step": med, "steps": len(steps), "phases_s": phases, "gemm": gemm,
+               "fwd_bwd_gflops": fb_rate, "matmul_fraction": fb_rate / rate, "step_s_all": [s[0] for s in steps]}
+    row = {"side": side, "gemm": gemm, "s/step": med, **{p: phases[p] for p in PHASES},
+           "fwd+bwd GF/s": fb_rate, "of matmul": f"{fb_rate / rate:.0%}"}
+    return summary, row
+
+
+def rlvr_only(a, rounds: int, per_round: int) -> None:
+    """``--rlvr-only``: rlvr's steps alone in this process (warm-up, then rounds with the matmul
+    rate measured between them), no TRL imported."""
+    import rlvr.tasks  # noqa: F401
+    from rlvr.model.checkpoint import save_model_dir
+    from rlvr.tasks.base import generate_tasks
+
+    tmp = tempfile.mkdtemp(prefix="grpo_rlvr_only_")
+    tok = bench_tokenizer()
+    model = bench_model(a.size, tok, seed=a.seed)
+    model_dir = str(save_model_dir(Path(tmp) / "model", model, tok))
+    params = num_params(model)
+    del model
+    tasks = generate_tasks(["math.arith"], "train", 8, seed=a.seed)
+    torch.manual_seed(a.seed)
+    bf16 = a.bf16 or a.rlvr_bf16
+    rl = RlvrSide(model_dir, str(Path(tmp) / "rlvr"), tasks, a.seed, packing=not a.no_packing,
+                  share_prompts=not a.no_share_prompts, precision="bf16" if bf16 else "model", compile=a.compile)
+    dtype, gemm = (torch.bfloat16, "bf16") if bf16 else (torch.float32, "fp32")
+    print(f"rlvr GRPO step alone: {a.size} model ({params / 1e6:.2f}M params), 8 prompts x 8 samples x <= 32 new "
+          f"tokens, GEMMs {gemm}{' (compiled layers)' * a.compile}; {machine_note()}", flush=True)
+    for _ in range(a.warmup):
+        rl.step()
+    steps, rates = [], [matmul_rate(dtype=dtype)]
+    for r in range(rounds):
+        steps += [rl.step() for _ in range(per_round)]
+        rates.append(matmul_rate(dtype=dtype))
+        print(f"  round {r + 1}/{rounds}: rlvr {statistics.median(s[0] for s in steps):.3f} s/step", flush=True)
+    rate = statistics.median(rates)
+    summary, row = summarise("rlvr", steps, gemm, rate)
+    print()
+    print_table([row], ["side", "gemm", "s/step", *PHASES, "fwd+bwd GF/s", "of matmul"])
+    print(f"\n{gemm} matmul rate {rate:.0f} GFLOP/s (median of {len(rates)}: {', '.join(f'{x:.0f}' for x in rates)}); "
+          f"{machine_note()}")
+    write_json(a.json, {"size": a.size, "params": params, "rlvr_only": True, "matmul_rate_gflops": {gemm: rate},
+                        "matmul_rates": {gemm: rates}, "machine": machine_note(), "threads": torch.get_num_threads(),
+                        "rlvr_compile": a.compile, "rlvr": summary})
 
 
 if __name__ == "__main__":
