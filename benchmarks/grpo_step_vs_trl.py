@@ -315,23 +315,9 @@ def main() -> None:
         sys.exit("TRL is not installed here: run `make bench-trl` (builds .venv-trl) or "
                  ".venv-trl/bin/python benchmarks/grpo_step_vs_trl.py")
 
-    import rlvr.tasks  # noqa: F401
-    from rlvr.model.checkpoint import save_model_dir
-    from rlvr.tasks.base import generate_tasks
     from rlvr.train.allocator import keep_freed_memory
 
-    tmp = tempfile.mkdtemp(prefix="grpo_vs_trl_")
-    tok = bench_tokenizer()
-    model = bench_model(a.size, tok, seed=a.seed)
-    model_dir = str(save_model_dir(Path(tmp) / "model", model, tok))
-    params = num_params(model)
-    del model
-    tasks = generate_tasks(["math.arith"], "train", 8, seed=a.seed)
-
-    torch.manual_seed(a.seed)
-    rl = RlvrSide(model_dir, str(Path(tmp) / "rlvr"), tasks, a.seed, packing=not a.no_packing,
-                  share_prompts=not a.no_share_prompts, precision="bf16" if a.bf16 or a.rlvr_bf16 else "model",
-                  compile=a.compile)
+    tmp, model_dir, params, tasks, rl = setup_rlvr(a, "grpo_vs_trl_")
     gemm = {"trl": "bf16" if a.bf16 else "fp32", "rlvr": "bf16" if a.bf16 or a.rlvr_bf16 else "fp32"}
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     trl_clock = Clock()
@@ -409,6 +395,27 @@ def main() -> None:
                         "gemm": gemm, **summary})
 
 
+def setup_rlvr(a, prefix: str):
+    """The run's temp dir, the benchmark model saved there (both sides load it), its parameter
+    count, the 8 prompts' tasks and rlvr's side built on them: (tmp, model_dir, params, tasks, rl)."""
+    import rlvr.tasks  # noqa: F401
+    from rlvr.model.checkpoint import save_model_dir
+    from rlvr.tasks.base import generate_tasks
+
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    tok = bench_tokenizer()
+    model = bench_model(a.size, tok, seed=a.seed)
+    model_dir = str(save_model_dir(Path(tmp) / "model", model, tok))
+    params = num_params(model)
+    del model
+    tasks = generate_tasks(["math.arith"], "train", 8, seed=a.seed)
+    torch.manual_seed(a.seed)
+    rl = RlvrSide(model_dir, str(Path(tmp) / "rlvr"), tasks, a.seed, packing=not a.no_packing,
+                  share_prompts=not a.no_share_prompts, precision="bf16" if a.bf16 or a.rlvr_bf16 else "model",
+                  compile=a.compile)
+    return tmp, model_dir, params, tasks, rl
+
+
 def summarise(side: str, steps: list, gemm: str, rate: float) -> tuple[dict, dict]:
     """(JSON summary, table row) of one side's counted steps: (seconds, phase seconds, FLOPs) each."""
     med = statistics.median(s[0] for s in steps)
@@ -425,22 +432,8 @@ def summarise(side: str, steps: list, gemm: str, rate: float) -> tuple[dict, dic
 def rlvr_only(a, rounds: int, per_round: int) -> None:
     """``--rlvr-only``: rlvr's steps alone in this process (warm-up, then rounds with the matmul
     rate measured between them), no TRL imported."""
-    import rlvr.tasks  # noqa: F401
-    from rlvr.model.checkpoint import save_model_dir
-    from rlvr.tasks.base import generate_tasks
-
-    tmp = tempfile.mkdtemp(prefix="grpo_rlvr_only_")
-    tok = bench_tokenizer()
-    model = bench_model(a.size, tok, seed=a.seed)
-    model_dir = str(save_model_dir(Path(tmp) / "model", model, tok))
-    params = num_params(model)
-    del model
-    tasks = generate_tasks(["math.arith"], "train", 8, seed=a.seed)
-    torch.manual_seed(a.seed)
-    bf16 = a.bf16 or a.rlvr_bf16
-    rl = RlvrSide(model_dir, str(Path(tmp) / "rlvr"), tasks, a.seed, packing=not a.no_packing,
-                  share_prompts=not a.no_share_prompts, precision="bf16" if bf16 else "model", compile=a.compile)
-    dtype, gemm = (torch.bfloat16, "bf16") if bf16 else (torch.float32, "fp32")
+    _, _, params, _, rl = setup_rlvr(a, "grpo_rlvr_only_")
+    dtype, gemm = (torch.bfloat16, "bf16") if a.bf16 or a.rlvr_bf16 else (torch.float32, "fp32")
     print(f"rlvr GRPO step alone: {a.size} model ({params / 1e6:.2f}M params), 8 prompts x 8 samples x <= 32 new "
           f"tokens, GEMMs {gemm}{' (compiled layers)' * a.compile}; {machine_note()}", flush=True)
     for _ in range(a.warmup):
