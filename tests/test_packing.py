@@ -337,6 +337,38 @@ def test_flat_layout_holds_every_token_once_and_each_shared_prompt_once(grouped)
     assert torch.equal(packed.position_ids.reshape(-1)[packed.slot[b, t]], t)
 
 
+def test_sequence_gathers_backward_equals_the_scatter_add_of_index_select(grouped):
+    """The per-sequence gathers' backward (gathers only, no scatter-add) sums a shared prompt's
+    gradient over every sequence that reads it, and the output gather's backward puts each slot's
+    gradient at its owner, as ``index_select``'s own backward (``index_add``) does."""
+    from rlvr.train import sequence_attention as sa
+    from rlvr.train.packing import flat
+
+    groups = shared_prompts(grouped.input_ids, grouped.attention_mask, grouped.loss_mask)
+    real = grouped.attention_mask.bool()
+    ix = sa.indices(flat(grouped.input_ids, grouped.attention_mask, groups=groups).slot, real)
+    gather, owner = ix["rlvr_gather"].reshape(-1), ix["rlvr_owner"]
+    n, positions = len(owner), gather.numel()
+    assert ix["rlvr_more"].shape == (max(len(m) for _, m in groups) - 1, sum(p for p, _ in groups))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 2, 3, generator=g, requires_grad=True)
+    up = torch.randn(positions, 2, 3, generator=g) * real.reshape(-1, 1, 1)  # none on padding
+    want = torch.autograd.grad((x.index_select(0, gather) * up).sum(), x)[0]
+    out = sa._ReadSlots.apply(x, gather, owner, ix["rlvr_more"], ix["rlvr_shared"])
+    assert torch.equal(out, x.index_select(0, gather))
+    torch.testing.assert_close(torch.autograd.grad((out * up).sum(), x)[0], want, atol=1e-6, rtol=0)
+    shared = ix["rlvr_shared"]
+    assert torch.equal(shared, (torch.bincount(gather[real.reshape(-1)], minlength=n) > 1).nonzero().flatten())
+    assert not torch.equal(want[shared], up[owner][shared])  # the other readers' gradients count
+
+    y = torch.randn(positions, 2, 3, generator=g, requires_grad=True)
+    down = torch.randn(n, 2, 3, generator=g)
+    want = torch.autograd.grad((y.index_select(0, owner) * down).sum(), y)[0]
+    out = sa._TakeOwners.apply(y, owner)
+    assert torch.equal(out, y.index_select(0, owner))
+    assert torch.equal(torch.autograd.grad((out * down).sum(), y)[0], want)
+
+
 @needs_sequence_attention
 def test_packed_forward_runs_attention_per_sequence_and_restores_the_model(grouped):
     from transformers import AttentionInterface

@@ -308,7 +308,7 @@ def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     inputs = {"input_ids": rows.input_ids, "use_cache": False}
     layout = contextlib.nullcontext()
     if per_sequence:
-        inputs.update(position_ids=rows.position_ids, **_sequence_indices(rows.slot, real))
+        inputs.update(position_ids=rows.position_ids, **sequence_attention.indices(rows.slot, real))
         layout = sequence_attention.sequence_layout(model)
     elif packing:
         mask = rows.attention_mask(next(model.parameters()).dtype)
@@ -326,18 +326,6 @@ def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     out = torch.zeros(B * T, dtype=torch.float32, device=input_ids.device)
     out = out.index_put((b_idx * T + t_idx,), lp)
     return out.view(B, T)
-
-
-def _sequence_indices(slot: torch.Tensor, real: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The flat layout's indices for ``sequence_attention``: ``rlvr_gather`` [B, T], the slot of
-    each sequence position (slot 0 on padding, which no real token attends to), and ``rlvr_owner``
-    [N], for each slot the lowest flat position ``b * T + t`` that holds it (a shared prompt's
-    slot is held by every sequence of its group; their outputs there are the same)."""
-    B, T = slot.shape
-    position = torch.arange(B * T, device=slot.device).view(B, T)
-    owner = torch.full((int(slot.max()) + 1,), B * T, dtype=torch.long, device=slot.device)
-    owner = owner.scatter_reduce(0, slot[real], position[real], reduce="amin")
-    return {"rlvr_gather": torch.where(real, slot, 0), "rlvr_owner": owner}
 
 
 def padding_stats(attention_mask: torch.Tensor, width: int | None = None,
