@@ -337,31 +337,61 @@ def test_flat_layout_holds_every_token_once_and_each_shared_prompt_once(grouped)
     assert torch.equal(packed.position_ids.reshape(-1)[packed.slot[b, t]], t)
 
 
+def test_sequence_indices_run_each_prompt_query_once_and_mask_to_each_sequence(grouped):
+    """With shared prompts, a sequence's attention row holds the queries after its prompt and
+    each group has one row for the prompt's queries: every slot is queried exactly once, and the
+    mask lets each query see exactly the earlier tokens of its own sequence."""
+    from rlvr.train import sequence_attention as sa
+    from rlvr.train.packing import flat
+
+    groups = shared_prompts(grouped.input_ids, grouped.attention_mask, grouped.loss_mask)
+    real = grouped.attention_mask.bool()
+    packed = flat(grouped.input_ids, grouped.attention_mask, groups=groups)
+    ix = sa.indices(packed.slot, real)
+    B, T = real.shape
+    lengths = real.sum(1)
+    completions = [int(lengths[b]) - next((p for p, m in groups if b in m), 0) for b in range(B)]
+    rows, Q = ix["rlvr_queries"].shape
+    assert rows == B + len(groups) and Q == max(completions + [p for p, _ in groups]) < T
+    n = packed.input_ids.shape[1]
+    queried = ix["rlvr_queries"].reshape(-1)[ix["rlvr_owner"]]
+    assert torch.equal(queried, torch.arange(n))  # each slot's owner position queries that slot
+    mask, keys = ix["rlvr_mask"][:, 0], ix["rlvr_keys"]
+    for b in range(B):
+        for t in range(int(lengths[b])):  # the query at (b, t) sees its own sequence's slots 0..t
+            r, i = divmod(int(ix["rlvr_owner"][packed.slot[b, t]]), Q)
+            assert sorted(keys[r][mask[r, i]].tolist()) == sorted(packed.slot[b, : t + 1].tolist())
+    plain = sa.indices(flat(grouped.input_ids, grouped.attention_mask).slot, real)  # nothing shared
+    assert "rlvr_mask" not in plain and plain["rlvr_queries"].shape == (B, T)
+    assert torch.equal(plain["rlvr_queries"], plain["rlvr_keys"]) and plain["rlvr_key_shared"].numel() == 0
+
+
 def test_sequence_gathers_backward_equals_the_scatter_add_of_index_select(grouped):
-    """The per-sequence gathers' backward (gathers only, no scatter-add) sums a shared prompt's
-    gradient over every sequence that reads it, and the output gather's backward puts each slot's
-    gradient at its owner, as ``index_select``'s own backward (``index_add``) does."""
+    """The gathers' backward (gathers only, no scatter-add) sums a shared prompt's key gradient
+    over every row that reads it, and the output gather's backward puts each slot's gradient at its
+    owner, as ``index_select``'s own backward (``index_add``) does."""
     from rlvr.train import sequence_attention as sa
     from rlvr.train.packing import flat
 
     groups = shared_prompts(grouped.input_ids, grouped.attention_mask, grouped.loss_mask)
     real = grouped.attention_mask.bool()
     ix = sa.indices(flat(grouped.input_ids, grouped.attention_mask, groups=groups).slot, real)
-    gather, owner = ix["rlvr_gather"].reshape(-1), ix["rlvr_owner"]
-    n, positions = len(owner), gather.numel()
-    assert ix["rlvr_more"].shape == (max(len(m) for _, m in groups) - 1, sum(p for p, _ in groups))
+    keys, owner = ix["rlvr_keys"].reshape(-1), ix["rlvr_owner"]
+    n = len(owner)
+    assert ix["rlvr_key_more"].shape == (max(len(m) for _, m in groups), sum(p for p, _ in groups))
+    seen = ix["rlvr_mask"].any(dim=2).reshape(-1)  # the keys some query sees: the others get no gradient
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n, 2, 3, generator=g, requires_grad=True)
-    up = torch.randn(positions, 2, 3, generator=g) * real.reshape(-1, 1, 1)  # none on padding
-    want = torch.autograd.grad((x.index_select(0, gather) * up).sum(), x)[0]
-    out = sa._ReadSlots.apply(x, gather, owner, ix["rlvr_more"], ix["rlvr_shared"])
-    assert torch.equal(out, x.index_select(0, gather))
+    up = torch.randn(keys.numel(), 2, 3, generator=g) * seen.reshape(-1, 1, 1)
+    want = torch.autograd.grad((x.index_select(0, keys) * up).sum(), x)[0]
+    out = sa._ReadSlots.apply(x, keys, ix["rlvr_key_first"], ix["rlvr_key_more"], ix["rlvr_key_shared"])
+    assert torch.equal(out, x.index_select(0, keys))
     torch.testing.assert_close(torch.autograd.grad((out * up).sum(), x)[0], want, atol=1e-6, rtol=0)
-    shared = ix["rlvr_shared"]
-    assert torch.equal(shared, (torch.bincount(gather[real.reshape(-1)], minlength=n) > 1).nonzero().flatten())
-    assert not torch.equal(want[shared], up[owner][shared])  # the other readers' gradients count
+    shared = ix["rlvr_key_shared"]
+    assert torch.equal(shared, (torch.bincount(keys[seen], minlength=n) > 1).nonzero().flatten())
+    assert not torch.equal(want[shared], up[ix["rlvr_key_first"]][shared])  # the other readers' gradients count
 
-    y = torch.randn(positions, 2, 3, generator=g, requires_grad=True)
+    y = torch.randn(ix["rlvr_queries"].numel(), 2, 3, generator=g, requires_grad=True)
     down = torch.randn(n, 2, 3, generator=g)
     want = torch.autograd.grad((y.index_select(0, owner) * down).sum(), y)[0]
     out = sa._TakeOwners.apply(y, owner)
@@ -379,7 +409,7 @@ def test_packed_forward_runs_attention_per_sequence_and_restores_the_model(group
     real_attention = sa.sequence_attention
 
     def spy(module, q, k, v, mask, **kwargs):
-        calls.append((tuple(q.shape), mask, tuple(kwargs["rlvr_gather"].shape)))
+        calls.append((tuple(q.shape), mask, tuple(kwargs["rlvr_keys"].shape)))
         return real_attention(module, q, k, v, mask, **kwargs)
 
     AttentionInterface.register(sa.ATTENTION, spy)
@@ -391,7 +421,9 @@ def test_packed_forward_runs_attention_per_sequence_and_restores_the_model(group
         AttentionInterface.register(sa.ATTENTION, real_attention)
     assert len(calls) == model.config.num_hidden_layers
     (q_shape, mask, gather_shape), = set(calls)
-    assert q_shape[0] == 1 and mask is None and gather_shape == tuple(grouped.input_ids.shape)
+    B, T = grouped.input_ids.shape
+    groups = shared_prompts(grouped.input_ids, grouped.attention_mask, grouped.loss_mask)
+    assert q_shape[0] == 1 and mask is None and gather_shape == (B + len(groups), T)  # a row per group
     assert model.config._attn_implementation == "sdpa"
 
 
