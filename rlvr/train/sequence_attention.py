@@ -82,9 +82,7 @@ def sequence_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
     return _TakeOwners.apply(out.transpose(1, 2).reshape(rows * Q, h, d), rlvr_owner)[None], None
 
 
-# The gathers' backward, written without a scatter-add: autograd's ``index_select`` backward is
-# ``index_add``, which inductor compiles to per-element atomic adds (3 ms a layer on the
-# benchmark batch, 2-3% of the update) and which adds repeats in thread order.
+# The gathers' own backward: gathers, not autograd's scatter-add (see the module docstring).
 
 class _ReadSlots(torch.autograd.Function):
     """``x.index_select(0, index)``: each attention position reads its slot. Backward: a slot's
@@ -102,8 +100,9 @@ class _ReadSlots(torch.autograd.Function):
         first, more, shared = ctx.saved_tensors
         out = grad.index_select(0, first)
         if shared is not None and shared.numel():
-            rows = grad.index_select(0, more.clamp(max=grad.shape[0] - 1).reshape(-1))
-            rows = rows.view(*more.shape, *grad.shape[1:]) * (more < grad.shape[0]).view(*more.shape, *[1] * (grad.dim() - 1))
+            P, R, S = grad.shape[0], *more.shape
+            rows = grad.index_select(0, more.clamp(max=P - 1).reshape(-1)).view(R, S, *grad.shape[1:])
+            rows = rows * (more < P).view(R, S, *[1] * (grad.dim() - 1))  # P: no reader there
             out.index_add_(0, shared, rows.sum(0))  # distinct slots: no two adds meet
         return out, None, None, None, None
 
@@ -154,11 +153,10 @@ def indices(slot: torch.Tensor, real: torch.Tensor) -> dict[str, torch.Tensor]:
     first_holder = torch.full((n,), B, dtype=torch.long, device=device)
     first_holder = first_holder.scatter_reduce(0, slot[:, 0], seq, reduce="amin")
     leaders = seq[(prefix > 0) & (first_holder[slot[:, 0]] == seq)]  # one sequence per group
-    grouped = len(leaders) > 0
-    zeros = torch.zeros_like(leaders)
-    start = torch.cat([prefix, zeros]) if grouped else torch.zeros_like(prefix)  # first query position
-    count = torch.cat([lengths - prefix, prefix[leaders]]) if grouped else lengths  # queries
-    key_len = torch.cat([lengths, prefix[leaders]]) if grouped else lengths
+    # Rows: the B sequences (queries after their prompt), then one per group (the prompt's queries).
+    start = torch.cat([prefix, torch.zeros_like(leaders)])  # a row's first query position
+    count = torch.cat([lengths - prefix, prefix[leaders]])  # its queries
+    key_len = torch.cat([lengths, prefix[leaders]])  # its keys
     keys = slot[torch.cat([seq, leaders])]  # [rows, T]
     Q = int(count.max())
     i = torch.arange(Q, device=device)
@@ -170,7 +168,7 @@ def indices(slot: torch.Tensor, real: torch.Tensor) -> dict[str, torch.Tensor]:
     first, more, shared = _readers(keys.reshape(-1), (j < key_len[:, None]).reshape(-1), n)
     out = {"rlvr_queries": queries, "rlvr_owner": owner, "rlvr_keys": keys, "rlvr_key_first": first,
            "rlvr_key_more": more, "rlvr_key_shared": shared}
-    if grouped:
+    if len(leaders):
         out["rlvr_mask"] = ((j <= (start[:, None] + i)[:, :, None]) & (j < key_len[:, None, None]))[:, None]
     return out
 
