@@ -4,8 +4,9 @@ What it does:
 - ``flat`` (the default layout where the model allows it): every token once in a single row, no
   padding, a GRPO group's shared prompt once per group; the decoder's matmuls and elementwise
   kernels run on exactly those tokens and attention runs per sequence
-  (``rlvr.train.sequence_attention``: each sequence's queries, keys and values gathered into a
-  right-padded batch under the plain causal flag). No mask tensor is built.
+  (``rlvr.train.sequence_attention``: queries, keys and values gathered into padded attention
+  rows, under the plain causal flag, or a boolean mask when prompts are shared). No 4D additive
+  mask over the layout is built.
 - ``pack`` (the row layout, for models whose attention cannot run per sequence) lays the
   sequences of a right-padded ``[B, T]`` batch end to end into ``R`` rows of ``width`` tokens
   (first-fit decreasing; ``width`` defaults to the longest sequence, so no row is longer than the
@@ -43,8 +44,8 @@ How the row layout's mask reaches the model: as a 4D additive float mask
 ``[R, 1, width, width]`` (0 where attention is allowed, the dtype's minimum elsewhere), the form
 every transformers version since 4.4x passes to SDPA/eager attention unchanged. FlashAttention-2
 models ignore 4D masks; use ``algo.packing=false`` for them (or any model whose attention does not
-accept a 4D mask). The flat layout needs no mask: a model of a supported family runs it whatever
-its configured attention implementation (``sequence_attention`` calls SDPA itself).
+accept a 4D mask). The flat layout passes no mask to the model: a model of a supported family runs
+it whatever its configured attention implementation (``sequence_attention`` calls SDPA itself).
 
 Not here: the loss (``rlvr.algos.losses``), collation (``rlvr.train.batching``).
 """
@@ -207,9 +208,8 @@ def flat(input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_token_id: in
     prompt (``groups``) once per group followed by the rest of each member. For attention per
     sequence (``rlvr.train.sequence_attention``); ``segment`` and ``prefix`` describe it as for
     ``pack``, whose layout it is with one row as wide as all of it."""
-    lengths = attention_mask.sum(dim=1).tolist()
-    units = layout_units(lengths, groups, sum(lengths))
-    return pack(input_ids, attention_mask, sum(_unit_length(u, lengths) for u in units), pad_token_id, groups)
+    width = int(attention_mask.sum()) - sum(p * (len(members) - 1) for p, members in groups or ())
+    return pack(input_ids, attention_mask, width, pad_token_id, groups)
 
 
 def _decoder_and_head(model: torch.nn.Module):
