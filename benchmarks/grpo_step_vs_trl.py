@@ -27,8 +27,8 @@ gradient checkpointing off (TRL's GRPOConfig turns it on by default, which recom
 during the backward; ``--trl-gradient-checkpointing`` keeps that default).
 
 ``--rlvr-only``: rlvr's side alone (TRL not imported), in the process a training run has; same
-steps, phases and matmul fraction, no ratio. Both sides run slower in the shared process than
-alone (see ``docs/benchmarks.md``).
+steps, phases and matmul fraction, no ratio. Alone or shared, the step's time follows the
+machine's fast and slow states more than the process it runs in (see ``docs/benchmarks.md``).
 Timing: TRL's own ``train()`` drives the loop; a callback after every ``--per-round`` TRL steps runs
 as many rlvr steps, so the two sides alternate in one process with the same threads. The first
 ``--warmup`` steps of each side are not counted. Phases:
