@@ -54,7 +54,7 @@ class DigitsDomain:
         rng = seeded_rng(seed, self.name, split, index)
         return Task(id=f"{self.name}/v1/{split}/{level}/{index:06d}", domain=self.name, level=level,
                     prompt=({"role": "user", "content": "Write digits."},), spec=Spec(kind="bench.digits"),
-                    meta={"key": f"{split}:{index}:{rng.randrange(10**6)}", "reference": "123"})
+                    key=f"{split}:{index}:{rng.randrange(10**6)}", reference="123")
 
     def corpus(self, seed, n_docs):
         return ["123"] * n_docs

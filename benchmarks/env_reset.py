@@ -52,7 +52,7 @@ def main() -> None:
     import rlvr.tasks  # noqa: F401  (registers the domains)
     from rlvr.envs.base import SingleTurnEnv
     from rlvr.envs.code_repair import CodeRepairEnv
-    from rlvr.envs.tools import format_call
+    from rlvr.tool_calls import format_call
     from rlvr.tasks.base import DOMAINS
 
     idle = idle_cpu()
@@ -61,7 +61,7 @@ def main() -> None:
     task = domain.generate("train", 4, 0, 0)  # the largest level: 2-3 functions
     fresh = [domain.generate("train", 1 + i % 4, 1 + i, 0) for i in range(16)]
     math_task = DOMAINS.get("math.arith").generate("train", 1, 0, 0)
-    edit = next(a for a in task.meta["actions"] if '"replace"' in a)
+    edit = next(a for a in task.actions if '"replace"' in a)
 
     sb, sandbox_note = None, "off"
     if not args.no_sandbox:

@@ -108,7 +108,7 @@ def main() -> None:
     same = sum(a.token_ids == b.token_ids for a, b in zip(trajs["reuse"], trajs["rerun"]))
     eps = trajs["reuse"]
     tokens = sum(len(t.token_ids) for t in eps)
-    turns = sum(t.info["turns"] for t in eps)
+    turns = sum(t.episode.turns for t in eps)
     med = {s: statistics.median(walls[s]) for s in sides}
     rows = [{"side": s, "s/batch": med[s], "generate s": statistics.median(gens[s]),
              "vs rerun": med["rerun"] / med[s]} for s in sides]

@@ -205,7 +205,8 @@ class RlvrSide:
         scored = []
         for ep in episodes:
             r = digit_reward(ep.trajectory.completion)
-            scored.append(Scored(ep.trajectory, Verdict(passed=r == 1.0, score=r, reason="ok"), r))
+            scored.append(Scored(self.tasks[ep.trajectory.group_id], ep.trajectory,
+                                 Verdict(passed=r == 1.0, score=r, reason="ok"), r))
         t2 = time.perf_counter()
         kept, advantages = grpo.compute_advantages(scored, self.cfg)
         grpo.update(run, kept, advantages, self.cfg)

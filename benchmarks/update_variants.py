@@ -86,7 +86,7 @@ def main() -> None:
     side = RlvrSide(model_dir, str(tmp / "run"), tasks, 0, precision=precision)
     run, cfg = side.run, side.cfg
     episodes = grpo.rollout(run, tasks, policy_version=0)
-    scored = [Scored(e.trajectory, Verdict(passed=False, score=r, reason="ok"), r)
+    scored = [Scored(tasks[e.trajectory.group_id], e.trajectory, Verdict(passed=False, score=r, reason="ok"), r)
               for e in episodes for r in [digit_reward(e.trajectory.completion)]]
     kept, advantages = grpo.compute_advantages(scored, cfg)
     batch = collate([s.trajectory for s in kept], advantages, run.tokenizer.pad_token_id)

@@ -74,7 +74,7 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
 
 
-def _coerce(key: str, value: Any, tp: Any) -> Any:
+def coerce(key: str, value: Any, tp: Any) -> Any:
     """Check ``value`` against the annotation ``tp`` and convert where lossless."""
     origin = get_origin(tp)
     if tp is Any:
@@ -88,7 +88,7 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             if option is type(None):
                 continue
             try:
-                return _coerce(key, value, option)
+                return coerce(key, value, option)
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[0] if errors else f"config key '{key}' has a bad value {value!r}")
@@ -106,13 +106,13 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             raise ConfigError(f"config key '{key}' must be a list, got {type(value).__name__} {value!r}")
         args = get_args(tp)
         item_tp = args[0] if args else Any
-        items = [_coerce(f"{key}[{i}]", v, item_tp) for i, v in enumerate(value)]
+        items = [coerce(f"{key}[{i}]", v, item_tp) for i, v in enumerate(value)]
         return items if origin is list else tuple(items)
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"config key '{key}' must be a mapping, got {value!r}")
         _, vt = get_args(tp) or (Any, Any)
-        return {k: _coerce(f"{key}.{k}", v, vt) for k, v in value.items()}
+        return {k: coerce(f"{key}.{k}", v, vt) for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -155,7 +155,7 @@ def from_dict(cls: type[C], data: dict[str, Any], prefix: str = "") -> C:
             # A nested section starts from the *parent's* default for it, not the section's class
             # defaults: `--set grpo.steps=5` on the quickstart keeps the quickstart's GRPO domains.
             value = _merged(to_dict(f.default_factory()), value)
-        kwargs[key] = _coerce(full, value, hints[key])
+        kwargs[key] = coerce(full, value, hints[key])
     return cls(**kwargs)
 
 

@@ -22,7 +22,7 @@ from typing import Any, Literal, get_type_hints
 import torch
 
 from rlvr.algos.penalties import overlong_penalty
-from rlvr.config import _coerce, check_range
+from rlvr.config import coerce, check_range
 from rlvr.errors import ConfigError
 from rlvr.lint import lint_scores
 from rlvr.types import Scored, Task, Trajectory, Verdict
@@ -73,7 +73,7 @@ class RewardConfig:
             if key not in allowed:
                 raise ConfigError(f"unknown config key '{prefix}.{key}'; allowed keys in "
                                   f"'{prefix}': {', '.join(sorted(allowed))}")
-            values[key] = _coerce(f"{prefix}.{key}", value, hints[key])
+            values[key] = coerce(f"{prefix}.{key}", value, hints[key])
         _check_ranges(values, prefix)
         return dataclasses.replace(self, domains={}, **values)
 
@@ -125,15 +125,15 @@ def score_all(tasks: list[Task], verdicts: list[Verdict], trajectories: list[Tra
     programs = [_program(v) if c.process_weight > 0 else None for c, v in zip(effective, verdicts)]
     todo = list(dict.fromkeys(p for p in programs if p is not None))
     linted = dict(zip(todo, lint_scores(todo))) if todo else {}
-    return [_compose(v, traj, c, max_new_tokens, linted.get(p, 0.0))
-            for v, traj, c, p in zip(verdicts, trajectories, effective, programs)]
+    return [_compose(task, v, traj, c, max_new_tokens, linted.get(p, 0.0))
+            for task, v, traj, c, p in zip(tasks, verdicts, trajectories, effective, programs)]
 
 
-def score(verdict: Verdict, trajectory: Trajectory, cfg: RewardConfig, max_new_tokens: int) -> Scored:
-    """Compose the reward for one trajectory under ``cfg`` as given (no domain overrides)."""
+def score(task: Task, verdict: Verdict, trajectory: Trajectory, cfg: RewardConfig, max_new_tokens: int) -> Scored:
+    """Compose the reward for one trajectory of ``task`` under ``cfg`` as given (no domain overrides)."""
     program = _program(verdict) if cfg.process_weight > 0 else None
     lint = lint_scores([program])[0] if program is not None else 0.0
-    return _compose(verdict, trajectory, cfg, max_new_tokens, lint)
+    return _compose(task, verdict, trajectory, cfg, max_new_tokens, lint)
 
 
 def _program(verdict: Verdict) -> str | None:
@@ -141,7 +141,7 @@ def _program(verdict: Verdict) -> str | None:
     return code if isinstance(code, str) else None
 
 
-def _compose(verdict: Verdict, trajectory: Trajectory, cfg: RewardConfig, max_new_tokens: int,
+def _compose(task: Task, verdict: Verdict, trajectory: Trajectory, cfg: RewardConfig, max_new_tokens: int,
              lint: float) -> Scored:
     """The named terms for one trajectory; ``lint`` is its program's lint score (0 if none)."""
     if cfg.outcome == "binary":
@@ -153,7 +153,7 @@ def _compose(verdict: Verdict, trajectory: Trajectory, cfg: RewardConfig, max_ne
         terms["format"] = cfg.format_weight * float(bool(verdict.details.get("format_ok", False)))
     if cfg.overlong == "soft":
         length = torch.tensor([float(trajectory.num_policy_tokens)])
-        budget = int(trajectory.info.get("max_tokens", max_new_tokens))  # an episode's own budget
+        budget = trajectory.token_budget(max_new_tokens)
         terms["overlong"] = float(overlong_penalty(length, max_tokens=budget,
                                                    buffer=cfg.overlong_buffer, penalty=cfg.overlong_penalty)[0])
     elif cfg.overlong == "truncated":
@@ -162,4 +162,4 @@ def _compose(verdict: Verdict, trajectory: Trajectory, cfg: RewardConfig, max_ne
         terms["length"] = -cfg.length_penalty * max(0, trajectory.num_policy_tokens - cfg.length_target)
     if cfg.process_weight:
         terms["process"] = cfg.process_weight * lint
-    return Scored(trajectory=trajectory, verdict=verdict, reward=sum(terms.values()), terms=terms)
+    return Scored(task=task, trajectory=trajectory, verdict=verdict, reward=sum(terms.values()), terms=terms)

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant" | "tool", "content": str}
 FinishReason = Literal["stop", "length", "error"]
+SINGLE_TURN = "single_turn"  # the environment of a task answered in one completion
 
 
 def _plain(obj: Any) -> Any:
@@ -36,10 +37,13 @@ class Spec:
 
 @dataclass(frozen=True)
 class Task:
-    """One problem. ``id`` is stable and versioned, e.g. ``math.arith/v1/train/000042``.
+    """One problem. ``id`` is stable and versioned, e.g. ``math.arith/v1/train/1/000042``.
 
-    ``meta["reference"]`` holds a reference assistant response (used as the SFT demonstration),
-    ``meta["key"]`` the canonical problem key used for the train/eval disjointness check.
+    ``key`` is the canonical problem key (the train/eval disjointness check compares keys);
+    ``reference`` a reference assistant response (the SFT demonstration; ``None`` if there is
+    none); ``env`` the environment the task runs in (``ENVS``; ``single_turn``: one answer judged
+    by the spec's verifier); ``actions`` a scripted expert's assistant turns for a multi-turn
+    environment (SFT plays them). ``meta`` holds anything else (e.g. the ``source`` file).
     """
 
     id: str
@@ -48,20 +52,53 @@ class Task:
     prompt: tuple[Message, ...]
     spec: Spec
     meta: dict[str, Any] = field(default_factory=dict)
+    key: str = ""
+    reference: str | None = None
+    env: str = SINGLE_TURN
+    actions: tuple[str, ...] = ()
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.env != SINGLE_TURN
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(dataclasses.asdict(self))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Task":
+        """The inverse of ``to_dict``. ``key``, ``reference``, ``env`` and ``actions`` may also
+        come inside ``meta`` (rlvr's task files before they were fields)."""
+        meta = dict(d.get("meta", {}))
+        typed = {name: d[name] if name in d else meta.pop(name) for name in TASK_FIELDS
+                 if name in d or name in meta}
         return cls(
             id=d["id"],
             domain=d["domain"],
             level=int(d["level"]),
             prompt=tuple(dict(m) for m in d["prompt"]),
             spec=Spec(kind=d["spec"]["kind"], payload=dict(d["spec"].get("payload", {}))),
-            meta=dict(d.get("meta", {})),
+            meta=meta,
+            **{k: tuple(v) if k == "actions" else v for k, v in typed.items()},
         )
+
+
+TASK_FIELDS = ("key", "reference", "env", "actions")  # typed fields an older file keeps in ``meta``
+
+
+@dataclass(frozen=True)
+class EpisodeInfo:
+    """How a multi-turn episode ended, by its environment's account: ``env`` (its name),
+    ``finish`` (submit, answer, turns, tokens, context, wall, length), ``turns`` (assistant turns
+    taken) and ``max_tokens`` (the episode's policy-token budget, which the overlong penalty and
+    the Dr. GRPO normaliser use instead of the single-turn generation budget)."""
+
+    env: str
+    finish: str
+    turns: int
+    max_tokens: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -76,8 +113,8 @@ class Trajectory:
 
     Multi-turn episodes also keep ``segments``: ``(source, ids)`` pieces in order, ``source`` one of
     ``prompt`` | ``policy`` | ``env``; their concatenation is ``token_ids`` and ``loss_mask`` is 1
-    exactly on ``policy`` pieces. ``info`` holds the environment's account (``finish``: submit,
-    answer, turns, tokens, context, wall, length; ``turns``).
+    exactly on ``policy`` pieces, and ``episode`` the environment's account of how it ended
+    (``None`` for a single-turn completion).
     """
 
     task_id: str
@@ -91,7 +128,7 @@ class Trajectory:
     policy_version: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     segments: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    info: dict[str, Any] = field(default_factory=dict)
+    episode: EpisodeInfo | None = None
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -107,6 +144,11 @@ class Trajectory:
     @property
     def num_policy_tokens(self) -> int:
         return int(sum(self.loss_mask))
+
+    def token_budget(self, default: int) -> int:
+        """The policy-token budget this trajectory was generated under: its episode's own, else
+        ``default`` (the single-turn ``max_new_tokens``)."""
+        return self.episode.max_tokens if self.episode is not None else default
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(dataclasses.asdict(self))
@@ -128,8 +170,10 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Scored:
-    """A trajectory with its verdict, scalar reward and the named reward terms that sum to it."""
+    """A trajectory with the task it answered, its verdict, scalar reward and the named reward
+    terms that sum to it."""
 
+    task: Task
     trajectory: Trajectory
     verdict: Verdict
     reward: float

@@ -62,7 +62,7 @@ def test_generation_is_deterministic_versioned_and_split(domain):
     check_disjoint(generate_tasks(domain, "train", 400, seed=3), ev)
     for t in a + ev:
         p = t.spec.payload
-        assert t.spec.kind == "code" and p["entry_point"] in t.meta["reference"]
+        assert t.spec.kind == "code" and p["entry_point"] in t.reference
         assert len(plaindata.decode(p["inputs"])) == len(plaindata.decode(p["expected"])) == 8
 
 
@@ -70,8 +70,8 @@ def test_prompts_are_pinned():
     # Bump the domain version when a generator change alters tasks.
     t = generate_tasks("code.gen", "train", 1, seed=0)[0]
     assert t.prompt[0]["content"].startswith("Write a Python function ")
-    assert t.meta["reference"].startswith("```python\ndef ")
-    assert generate_tasks("code.gen", "train", 1, seed=0)[0].meta["key"] == t.meta["key"]
+    assert t.reference.startswith("```python\ndef ")
+    assert generate_tasks("code.gen", "train", 1, seed=0)[0].key == t.key
 
 
 def test_hidden_inputs_differ_from_the_visible_examples():
@@ -112,7 +112,7 @@ def test_conformance_reference_passes_and_hacks_fail(sb, domain, seed):
     for t in tasks:
         p = t.spec.payload
         inputs = plaindata.decode(p["inputs"])
-        for label, program in {"reference": code_of(t.meta["reference"]), **hacks(t)}.items():
+        for label, program in {"reference": code_of(t.reference), **hacks(t)}.items():
             jobs.append(Job.io(program, p["entry_point"], inputs, limits=Limits(wall_s=5)))
             labels.append((t, label))
     for (t, label), r in zip(labels, sb.map(jobs)):

@@ -30,7 +30,7 @@ def io_task(timeout: float = 5.0, **extra) -> Task:
                "expected": plaindata.encode([x + 7 for (x,) in HIDDEN]), "timeout": timeout, **extra}
     return Task(id="code.test/v1/train/1/000000", domain="code.test", level=1,
                 prompt=({"role": "user", "content": "Write add_k(x): x plus 7. add_k(1) == 8."},),
-                spec=Spec("code", payload), meta={"key": "add7"})
+                spec=Spec("code", payload), key="add7")
 
 
 HE_PROMPT = ('from typing import List\n\n\ndef total(xs: List[int]) -> int:\n'
@@ -43,7 +43,7 @@ def he_task(timeout: float = 5.0) -> Task:
     payload = {"entry_point": "total", "test": HE_TEST, "prompt_code": HE_PROMPT, "timeout": timeout}
     return Task(id="file:he/0", domain="code.file", level=1,
                 prompt=({"role": "user", "content": "Complete:\n" + HE_PROMPT},),
-                spec=Spec("code", payload), meta={"key": "0"})
+                spec=Spec("code", payload), key="0")
 
 
 def fenced(code: str, tag: str = "python") -> str:

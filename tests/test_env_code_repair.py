@@ -16,7 +16,7 @@ import pytest
 
 from rlvr.envs.base import EnvConfig, make_env, play
 from rlvr.envs.code_repair import CodeRepairEnv
-from rlvr.envs.tools import format_call
+from rlvr.tool_calls import format_call
 from rlvr.sandbox import Sandbox, choose, plaindata
 from rlvr.tasks.base import DOMAINS, check_disjoint, generate_tasks
 from rlvr.tasks.code_repair import transcript
@@ -65,15 +65,15 @@ def test_tasks_shape_determinism_and_splits():
                 t = task(level, i, split, seed=3)
                 assert t.to_dict() == task(level, i, split, seed=3).to_dict()
                 assert Task.from_dict(json.loads(json.dumps(t.to_dict()))) == t
-                assert t.meta["env"] == "code.repair" and t.spec.kind == "code.repair"
+                assert t.env == "code.repair" and t.spec.kind == "code.repair"
                 p = t.spec.payload
                 assert set(p["protected"]) <= set(p["files"]) and p["tests"] == p["protected"]
                 assert all(len(text) <= 250 for text in p["files"].values()), p["files"]
                 assert len(t.prompt) == 1 and len(t.prompt[0]["content"]) <= 160
-                assert 4 <= len(t.meta["actions"]) <= 6 and t.meta["actions"][-1] == SUBMIT
-                assert len(t.meta["reference"]) <= 1200  # about 410 tokens: the episode fits its budgets
+                assert 4 <= len(t.actions) <= 6 and t.actions[-1] == SUBMIT
+                assert len(t.reference) <= 1200  # about 410 tokens: the episode fits its budgets
                 assert len(plaindata.decode(p["hidden"])) == len(plaindata.decode(p["expected"]))
-    assert task(1, 0, seed=0).meta["key"] != task(1, 0, seed=1).meta["key"]
+    assert task(1, 0, seed=0).key != task(1, 0, seed=1).key
     train = generate_tasks("code.repair", "train", 60, seed=0)
     evals = generate_tasks("code.repair", "eval", 60, seed=0)
     check_disjoint(train, evals)
@@ -87,7 +87,7 @@ def test_level_prompts():
     assert "assert " in one.prompt[0]["content"] and "returned" in one.prompt[0]["content"]
     assert "test_" in two.prompt[0]["content"] and "assert" not in two.prompt[0]["content"]
     assert "util.py" in three.spec.payload["files"] and "from util import" in three.spec.payload["files"]["app.py"]
-    assert four.prompt[0]["content"].startswith("The tests fail.") and four.meta["actions"][0] == RUN
+    assert four.prompt[0]["content"].startswith("The tests fail.") and four.actions[0] == RUN
 
 
 # ---------------------------------------------------------------- episodes
@@ -99,11 +99,11 @@ def test_conformance_expert_passes_and_unchanged_code_fails(env, seed):
         for level in (1, 2, 3, 4):
             for index in range(3):
                 t = task(level, index, split, seed)
-                messages, verdict = play(env, t, t.meta["actions"])
+                messages, verdict = play(env, t, t.actions)
                 assert verdict.passed and verdict.score == 1.0 and verdict.reason == "ok", (t.id, verdict)
                 assert verdict.details["finish"] == "submit"
                 # the reference transcript's simulated observations are what the env said
-                assert conversation_transcript(messages) == t.meta["reference"], t.id
+                assert conversation_transcript(messages) == t.reference, t.id
                 _, verdict = play(env, t, [SUBMIT])  # unchanged code: the hidden tests fail
                 assert not verdict.passed and verdict.score == 0.0, (t.id, verdict)
                 assert verdict.reason == "wrong_answer"
@@ -115,7 +115,7 @@ def test_run_tests_reports_the_failing_test_then_passes(env):
     env.reset(t)
     first = env.step(RUN).observation[0]["content"]
     assert "FAILED" in first and first.endswith("1 failed, 1 passed")
-    for action in t.meta["actions"][:-1]:
+    for action in t.actions[:-1]:
         if action != RUN:
             env.step(action)
     assert env.step(RUN).observation[0]["content"] == "2 passed"
@@ -125,10 +125,10 @@ def test_run_tests_reports_the_failing_test_then_passes(env):
 
 def test_recovering_expert_patches_wrong_then_right_and_no_op_patches_are_refused(env):
     recovering = [t for t in (task(level, i) for level in (1, 2, 3, 4) for i in range(8))
-                  if len([a for a in t.meta["actions"] if '"replace"' in a]) == 2]
+                  if len([a for a in t.actions if '"replace"' in a]) == 2]
     assert {t.level for t in recovering} == {1, 2, 3, 4}  # about half of the problems
     for t in {t.level: t for t in recovering}.values():
-        messages, verdict = play(env, t, t.meta["actions"])
+        messages, verdict = play(env, t, t.actions)
         after_first_patch = [m["content"] for m in messages if m["role"] == "tool"][-2]
         assert "FAILED" in after_first_patch and verdict.passed, t.id
     t = task(1)
@@ -143,7 +143,7 @@ def test_recovering_expert_patches_wrong_then_right_and_no_op_patches_are_refuse
 def test_editing_a_test_file_is_tampering(env):
     t = task(1)
     test_path = t.spec.payload["protected"][0]
-    fixed = t.meta["actions"][:-1]
+    fixed = t.actions[:-1]
     rewrite = format_call("write_file", {"path": test_path, "content": "def test_x():\n    pass\n"})
     messages, verdict = play(env, t, [rewrite, *fixed, SUBMIT])
     assert messages[2]["content"].startswith("error") and "read-only" in messages[2]["content"]
@@ -157,14 +157,14 @@ def test_editing_a_test_file_is_tampering(env):
     _, verdict = play(env, t, [rewrite] + [format_call("list_files")] * 20)
     assert verdict.reason == "tampered" and verdict.details["finish"] == "turns"
     # after a reset the attempt is forgotten: the expert passes again
-    assert play(env, t, t.meta["actions"])[1].passed
+    assert play(env, t, t.actions)[1].passed
 
 
 def test_test_file_changed_behind_our_back_is_tampering(env):
     t = task(1)
     test_path = t.spec.payload["protected"][0]
     env.reset(t)
-    for action in t.meta["actions"][:-1]:
+    for action in t.actions[:-1]:
         env.step(action)
     env._ws.write(test_path, "def test_ok():\n    pass\n")  # as if code in the sandbox had
     env.step(SUBMIT)
@@ -174,7 +174,7 @@ def test_test_file_changed_behind_our_back_is_tampering(env):
 def test_code_run_by_the_tests_cannot_rewrite_the_tests(env):
     t = task(1)
     test_path = t.spec.payload["protected"][0]
-    module = t.meta["actions"][0]
+    module = t.actions[0]
     path = json.loads(module.removeprefix("<tool_call>").removesuffix("</tool_call>"))["arguments"]["path"]
     hack = (f"import os\ntry:\n    os.chmod({test_path!r}, 0o666)\n"
             f"    open({test_path!r}, 'w').write('')\nexcept OSError:\n    pass\n")
@@ -193,12 +193,12 @@ def test_looping_policy_ends_on_the_budget(env):
     assert verdict.reason == "budget" and verdict.score == 0.0 and not verdict.passed
     assert messages[2]["content"].split("\n") == sorted(t.spec.payload["files"])
     # fixing the bug without submitting is no better
-    _, verdict = play(env, t, t.meta["actions"][:-1])
+    _, verdict = play(env, t, t.actions[:-1])
     assert verdict.reason == "budget" and verdict.details["finish"] == "turns"
     # the wall-clock budget
     slow = CodeRepairEnv(EnvConfig(wall_s=0.0), sandbox=env.sandbox)
     try:
-        _, verdict = play(slow, t, t.meta["actions"])
+        _, verdict = play(slow, t, t.actions)
         assert slow.finish == "wall" and verdict.reason == "budget"
     finally:
         slow.close()
@@ -240,7 +240,7 @@ def test_malformed_calls_are_error_observations(env, bad):
     step = env.step(bad)
     assert not step.done and step.observation[0]["role"] == "tool"
     assert step.observation[0]["content"].startswith("error"), step.observation
-    for action in t.meta["actions"]:  # the episode goes on and can still be won
+    for action in t.actions:  # the episode goes on and can still be won
         step = env.step(action)
     assert step.done and env.verify().passed
 

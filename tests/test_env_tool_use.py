@@ -10,7 +10,8 @@ import pytest
 import rlvr.tasks  # noqa: F401  (registers the domains)
 from rlvr.envs.base import EnvConfig, make_env, play
 from rlvr.envs.tool_use import FOUND_SCORE, ToolUseEnv, calculate
-from rlvr.envs.tools import ToolCallError, format_call
+from rlvr.envs.tools import ToolCallError
+from rlvr.tool_calls import format_call
 from rlvr.sandbox import Sandbox
 from rlvr.tasks.base import DOMAINS, check_disjoint, generate_tasks, split_of
 
@@ -49,17 +50,17 @@ def test_expert_actions_pass_every_level(env, seed, split):
     for level in DOMAIN.levels:
         for index in range(6):
             t = task(level, index, split, seed)
-            assert t.meta["env"] == "tool.use" and split_of("tool.use", t.meta["key"]) == split
-            messages, verdict = play(env, t, t.meta["actions"])
+            assert t.env == "tool.use" and split_of("tool.use", t.key) == split
+            messages, verdict = play(env, t, t.actions)
             assert verdict.passed and verdict.reason == "ok" and verdict.score == 1.0, (t.id, verdict)
             # the reference transcript shows exactly the tool results the environment returned
             observed = [m["content"] for m in messages if m["role"] == "tool"]
             assert observed == t.spec.payload["results"]
-            assert [f"tool: {r}" for r in observed] == [x for x in t.meta["reference"].split("\n")
+            assert [f"tool: {r}" for r in observed] == [x for x in t.reference.split("\n")
                                                         if x.startswith("tool: ")]
             chars = sum(len(m["content"]) for m in messages)
             assert chars < 400, (t.id, chars)
-            assert len(env.log) == len(t.meta["actions"]) - 1
+            assert len(env.log) == len(t.actions) - 1
 
 
 def test_make_env_and_tools(sandbox):
@@ -125,7 +126,7 @@ def test_right_call_wrong_answer_earns_partial_credit_only(env, level):
     t = task(level)
     gold = int(t.spec.payload["answer"])
     for last in (f"Answer: \\boxed{{{gold + 1}}}", "I am not sure."):
-        _, verdict = play(env, t, [*t.meta["actions"][:-1], last])
+        _, verdict = play(env, t, [*t.actions[:-1], last])
         assert not verdict.passed and verdict.reason in ("mismatch", "no_answer")
         assert verdict.score == FOUND_SCORE
 
@@ -148,10 +149,10 @@ def test_partial_credit_needs_the_gold_alone_and_grounded(env):
 
 def test_no_or_several_answers(env):
     t = task(1)
-    _, verdict = play(env, t, [*t.meta["actions"][:-1], "I am not sure."])
+    _, verdict = play(env, t, [*t.actions[:-1], "I am not sure."])
     assert verdict.reason == "no_answer"
     gold = t.spec.payload["answer"]
-    _, verdict = play(env, t, [*t.meta["actions"][:-1], f"\\boxed{{{gold}}} \\boxed{{1}}"])
+    _, verdict = play(env, t, [*t.actions[:-1], f"\\boxed{{{gold}}} \\boxed{{1}}"])
     assert verdict.reason == "no_answer" and verdict.details["status"] == "multiple_answers"
 
 
@@ -196,7 +197,7 @@ def test_malformed_call_is_an_error_observation(env, action):
     assert obs["role"] == "tool" and obs["content"].startswith("error"), obs
     assert len(obs["content"]) < 250
     # the episode goes on, and the table is intact: the expert still passes
-    for expert in t.meta["actions"]:
+    for expert in t.actions:
         step = env.step(expert)
     assert step.done and env.verify().reason == "ok"
 
@@ -261,8 +262,8 @@ def test_splits_disjoint_and_corpus():
     check_disjoint(train, evals)
     docs = DOMAIN.corpus(0, 3)
     assert len(docs) == 3 and "<tool_call>" in docs[0] and "tool: " in docs[0]
-    eval_keys = {t.meta["key"] for t in evals}
-    assert not eval_keys & {t.meta["key"] for t in train}
+    eval_keys = {t.key for t in evals}
+    assert not eval_keys & {t.key for t in train}
 
 
 def test_sql_latency(env):
@@ -270,6 +271,6 @@ def test_sql_latency(env):
     env.reset(t)
     start = time.perf_counter()
     for _ in range(5):
-        env.step(t.meta["actions"][0]) if not env.finish else None
+        env.step(t.actions[0]) if not env.finish else None
         env.reset(t)
     assert (time.perf_counter() - start) / 5 < 1.0

@@ -8,12 +8,13 @@ import torch
 import rlvr.rollout.episodes as episodes_mod
 from rlvr.envs.base import ENVS, EnvConfig, SingleTurnEnv, ToolEnv, play
 from rlvr.envs.tokens import conversation_ids, observation_ids
-from rlvr.envs.tools import Tool, ToolCallError, format_call, parse_tool_call
+from rlvr.envs.tools import Tool, ToolCallError, parse_tool_call
+from rlvr.tool_calls import format_call
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.model.tokenizer import encode_chat_prompt
 from rlvr.rollout.engine import Completion, SamplingParams, sequence_logprobs
 from rlvr.rollout.episodes import EnvPool, collect_episodes, judge, run_tasks
-from rlvr.types import Spec, Task, Verdict
+from rlvr.types import EpisodeInfo, Spec, Task, Verdict
 
 
 @ENVS.register("echo.test")
@@ -38,7 +39,7 @@ class EchoEnv(ToolEnv):
 def echo_task(i: int = 0) -> Task:
     return Task(id=f"echo/v1/train/1/{i:06d}", domain="echo.test", level=1,
                 prompt=({"role": "user", "content": f"Say ok ({i})."},), spec=Spec("echo", {}),
-                meta={"env": "echo.test", "key": str(i)})
+                env="echo.test", key=str(i))
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +98,7 @@ def test_single_turn_env_is_the_one_step_case_and_agrees_with_the_verifier():
     from rlvr.verifiers import check_all
 
     task = generate_tasks("math.arith", "train", 1, seed=0)[0]
-    for completion in (task.meta["reference"], "Answer: \\boxed{-12345}"):
+    for completion in (task.reference, "Answer: \\boxed{-12345}"):
         env = SingleTurnEnv()
         assert env.reset(task) == list(task.prompt)
         step = env.step(completion)
@@ -155,7 +156,7 @@ def test_sampled_episodes_are_token_faithful(model_tok, monkeypatch):
         mask = torch.tensor(t.loss_mask, dtype=torch.bool)
         assert torch.allclose(fresh[mask], torch.tensor(t.logprobs)[mask], atol=1e-4)
         assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask) if not m)
-        assert t.info["finish"] in ("length", "tokens", "context", "turns", "submit")
+        assert t.episode.finish in ("length", "tokens", "context", "turns", "submit")
     pool.close()
 
 
@@ -187,7 +188,7 @@ def test_every_turn_samples_with_the_episodes_settings(model_tok, monkeypatch):
     pool = EnvPool(EnvConfig(max_turns=4, turn_tokens=200, max_tokens=1000, max_context=2048))
     eps = collect_episodes(model, tok, [echo_task(0)], params, pool, generator=torch.Generator().manual_seed(0))
     pool.close()
-    assert [e.trajectory.info["finish"] for e in eps] == ["submit", "submit"]
+    assert [e.trajectory.episode.finish for e in eps] == ["submit", "submit"]
     assert len(seen) >= 2  # the first turn and the one after the tool result
     for p in seen:
         assert (p.temperature, p.top_p, p.stop_token_ids, p.precision) == (0.7, 0.9, (tok.eos_token_id,), "bf16")
@@ -203,8 +204,8 @@ def test_scripted_episode_trajectory_equals_the_rendered_conversation(model_tok,
     t = ep.trajectory
     assert [m["role"] for m in t.messages] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
     assert t.messages[2]["content"] == "echo: hi" and t.messages[4]["content"].startswith("error")
-    assert t.finish_reason == "stop" and t.info == {"env": "echo.test", "finish": "submit", "turns": 3,
-                                                     "max_tokens": 1000}
+    assert t.finish_reason == "stop" and t.episode == EpisodeInfo(env="echo.test", finish="submit", turns=3,
+                                                                    max_tokens=1000)
     # the same conversation rendered for SFT gives exactly the rollout's ids and mask
     ids, mask = conversation_ids(tok, list(t.messages), [x.schema() for x in ep.env.tools()])
     assert tuple(ids) == t.token_ids and tuple(mask) == t.loss_mask
@@ -216,7 +217,7 @@ def test_a_turn_that_runs_out_of_tokens_cuts_the_episode(model_tok, monkeypatch)
     monkeypatch.setattr(episodes_mod, "generate", scripted_generate([format_call("echo", {"text": "x" * 80})], tok))
     pool = EnvPool(EnvConfig(max_turns=5, turn_tokens=10, max_context=2048))
     (ep,) = collect_episodes(model, tok, [echo_task()], SamplingParams(n=1), pool)
-    assert ep.trajectory.finish_reason == "length" and ep.trajectory.info["finish"] == "length"
+    assert ep.trajectory.finish_reason == "length" and ep.trajectory.episode.finish == "length"
     assert ep.trajectory.num_policy_tokens == 10
     verdict = judge([echo_task()], [ep])[0]
     assert verdict.reason == "budget" and not verdict.passed
@@ -252,7 +253,7 @@ def test_episodes_reuse_each_turns_cache_and_match_running_the_whole_conversatio
         runs.append(([e.trajectory for e in eps], list(ran)))
         pool.close()
     (with_cache, ran_reuse), (without, ran_full) = runs
-    assert max(e.info["turns"] for e in with_cache) >= 3
+    assert max(e.episode.turns for e in with_cache) >= 3
     assert all(c == w for c, w in ran_full)  # no reuse: every prefill runs the whole width
     assert all(c < w for c, w in ran_reuse[1:]) and sum(c for c, _ in ran_reuse) < sum(c for c, _ in ran_full) / 2
     for a, b in zip(with_cache, without):

@@ -27,7 +27,7 @@ class DigitsDomain:
         key = f"{split}:{index}:{rng.randrange(10**6)}"
         return Task(id=f"{self.name}/v1/{split}/{level}/{index:06d}", domain=self.name, level=level,
                     prompt=({"role": "user", "content": "Write digits."},),
-                    spec=Spec(kind="test.digits"), meta={"key": key, "reference": "123"})
+                    spec=Spec(kind="test.digits"), key=key, reference="123")
 
     def corpus(self, seed: int, n_docs: int) -> list[str]:
         return ["123"] * n_docs

@@ -26,7 +26,7 @@ class TwoTurnDomain:
         key = f"{split}:{index}:{seeded_rng(seed, self.name, split, index).randrange(10**6)}"
         return Task(id=f"{self.name}/v1/{split}/1/{index:06d}", domain=self.name, level=1,
                     prompt=({"role": "user", "content": "Write digits."},), spec=Spec("test.twoturn"),
-                    meta={"key": key, "reference": "1", "env": "test.twoturn"})
+                    key=key, reference="1", env="test.twoturn")
 
     def corpus(self, seed: int, n_docs: int) -> list[str]:
         return ["123"] * n_docs

@@ -47,7 +47,7 @@ def test_generation_is_deterministic(name):
     again = [d.generate("train", level, i, seed=0) for level in d.levels for i in range(10)]
     other = [d.generate("train", level, i, seed=1) for level in d.levels for i in range(10)]
     assert first == again
-    assert [t.meta["key"] for t in first] != [t.meta["key"] for t in other]
+    assert [t.key for t in first] != [t.key for t in other]
 
 
 @pytest.mark.parametrize(
@@ -76,9 +76,9 @@ def test_every_level_and_split_generates(name):
                 assert task.level == level and task.spec.kind == "math"
                 assert re.fullmatch(r"-?\d+", task.spec.payload["answer"])
                 assert task.spec.payload["tolerance"] == 0.0
-                assert task.meta["reference"].endswith(f"Answer: {task.spec.payload['answer']}")
+                assert task.reference.endswith(f"Answer: {task.spec.payload['answer']}")
                 assert len(_text(task)) <= (40 if name == "math.arith" else 120)  # ~chars/2 tokens
-                assert split_of(name, task.meta["key"]) == split
+                assert split_of(name, task.key) == split
 
 
 @pytest.mark.parametrize("name", MATH)
@@ -107,7 +107,7 @@ def test_generated_train_and_eval_are_disjoint(train_and_eval):
     train, eval_ = train_and_eval
     assert len(train) == 2000 and len(eval_) == 500
     for tasks, split in ((train, "train"), (eval_, "eval")):
-        keys = [(t.domain, t.meta["key"]) for t in tasks]
+        keys = [(t.domain, t.key) for t in tasks]
         assert len(set(keys)) == len(keys)
         assert all(split_of(d, k) == split for d, k in keys)
         assert len({t.id for t in tasks}) == len(tasks)
@@ -122,7 +122,7 @@ def test_train_references_reveal_no_eval_fact(train_and_eval):
         train, _ = train_and_eval
         checked = 0
         for t in train:
-            for x, op, y in re.findall(r"^(\d+) ([-+*/]) (\d+) = -?\d+$", t.meta["reference"], re.M):
+            for x, op, y in re.findall(r"^(\d+) ([-+*/]) (\d+) = -?\d+$", t.reference, re.M):
                 if one_step_level(int(x), op, int(y)) is not None:
                     checked += 1
                     assert split_of("math.arith", f"{x}{op}{y}") == "train", t.id
@@ -132,7 +132,7 @@ def test_train_references_reveal_no_eval_fact(train_and_eval):
 def test_check_disjoint_names_an_overlapping_key():
     train = generate_tasks("math.arith", "train", 5, seed=0)
     leaked = dataclasses.replace(train[2], id="math.arith/v1/eval/1/000000")
-    with pytest.raises(ValueError, match=re.escape(train[2].meta["key"])):
+    with pytest.raises(ValueError, match=re.escape(train[2].key)):
         check_disjoint(train, [leaked])
 
 
@@ -156,8 +156,8 @@ if "test.tiny" not in DOMAINS:
 
 def test_generate_tasks_fills_an_exhausted_level_from_the_others():
     tasks = generate_tasks("test.tiny", "train", 20, seed=0)
-    assert sorted(int(t.meta["key"]) for t in tasks if t.level == 1) == [0, 1, 2]
-    assert len({t.meta["key"] for t in tasks}) == 20
+    assert sorted(int(t.key) for t in tasks if t.level == 1) == [0, 1, 2]
+    assert len({t.key for t in tasks}) == 20
     assert generate_tasks("test.tiny", "train", 20, seed=0) == tasks
     with pytest.raises(UserError, match="only 3 unique"):
         generate_tasks("test.tiny", "train", 4, seed=0, levels=[1])
@@ -211,7 +211,7 @@ def _leaks(docs: list[str], eval_tasks) -> list[str]:
             bounded = r"(?<![\d.])" + re.escape(equation) + r"(?!\d)"
             leaked = leaked or (equation in text and re.search(bounded, text) is not None)
         if leaked:
-            found.append(t.meta["key"])
+            found.append(t.key)
     return found
 
 
@@ -264,7 +264,7 @@ def test_gold_answer_recomputed_independently(name):
                 expr = _text(task).removeprefix("Compute: ")
                 assert _evaluate(ast.parse(expr, mode="eval").body) == gold
             else:
-                template, *numbers = task.meta["key"].split(":")
+                template, *numbers = task.key.split(":")
                 numbers = [int(x) for x in numbers]
                 assert [int(x) for x in re.findall(r"\d+", _text(task))] == numbers
                 assert _WORD_FORMULAS[template](*numbers) == gold
@@ -278,7 +278,7 @@ def test_reference_passes_the_verifier_and_wrong_answers_fail(name):
         for i in range(15):
             task = d.generate("eval", level, i, seed=11)
             verifier = get_verifier(task)
-            reference, gold = task.meta["reference"], int(task.spec.payload["answer"])
+            reference, gold = task.reference, int(task.spec.payload["answer"])
             assert verifier.check(task, reference).passed, task.id
             steps = reference.rsplit("\n", 1)[0] if "\n" in reference else ""
             wrong = (steps + "\n" if steps else "") + f"Answer: {gold + 1}"

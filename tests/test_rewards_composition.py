@@ -42,7 +42,7 @@ def verdict(passed: bool = True, score_: float | None = None, code: str | None =
                    reason="ok" if passed else "mismatch", details=details)
 
 
-def old_score(v: Verdict, t: Trajectory, cfg: RewardConfig, max_new_tokens: int) -> Scored:
+def old_score(tk: Task, v: Verdict, t: Trajectory, cfg: RewardConfig, max_new_tokens: int) -> Scored:
     """``rlvr.rewards.score`` before reward composition became configurable (verbatim)."""
     if cfg.outcome == "binary":
         outcome = cfg.pass_reward if v.passed else cfg.fail_reward
@@ -57,7 +57,7 @@ def old_score(v: Verdict, t: Trajectory, cfg: RewardConfig, max_new_tokens: int)
                                                    buffer=cfg.overlong_buffer, penalty=cfg.overlong_penalty)[0])
     elif cfg.overlong == "truncated":
         terms["overlong"] = -cfg.overlong_penalty if t.finish_reason == "length" else 0.0
-    return Scored(trajectory=t, verdict=v, reward=sum(terms.values()), terms=terms)
+    return Scored(task=tk, trajectory=t, verdict=v, reward=sum(terms.values()), terms=terms)
 
 
 OLD_CONFIGS = [
@@ -76,9 +76,9 @@ def test_defaults_reproduce_the_old_math_reward_exactly(fields):
              (verdict(False, 0.25, format_ok=True), traj(9)), (verdict(True, format_ok=True), traj(7))]
     tasks = [task("math.arith", i) for i in range(len(cases))]
     batch = score_all(tasks, [v for v, _ in cases], [t for _, t in cases], cfg, max_new_tokens=10)
-    for (v, t), got in zip(cases, batch):
-        want = old_score(v, t, cfg, 10)
-        assert score(v, t, cfg, 10) == want
+    for tk, (v, t), got in zip(tasks, cases, batch):
+        want = old_score(tk, v, t, cfg, 10)
+        assert score(tk, v, t, cfg, 10) == want
         assert got == want  # same reward, same terms, no new ones
 
 

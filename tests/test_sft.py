@@ -22,8 +22,8 @@ def test_sft_mask_is_exactly_the_assistant_turn(tiny_model_dir):
         assert all(mask[first:]) and not any(mask[:first])  # one contiguous assistant span at the end
         rendered = tok.apply_chat_template(list(task.prompt), add_generation_prompt=True, tokenize=False)
         assert tok.decode(ids[:first]) == rendered
-        assert tok.decode(ids[first:]) == task.meta["reference"] + "<|end|>"
-        full = tok.apply_chat_template(list(task.prompt) + [{"role": "assistant", "content": task.meta["reference"]}],
+        assert tok.decode(ids[first:]) == task.reference + "<|end|>"
+        full = tok.apply_chat_template(list(task.prompt) + [{"role": "assistant", "content": task.reference}],
                                        tokenize=False)
         assert full == tok.decode(ids) + "\n"  # the template closes the turn with a newline after <|end|>
 

@@ -39,21 +39,18 @@ BROKEN = {"task_id": "HE/2", "entry_point": "half", "prompt": "def half(n):\n",
 
 def io_task(i: int, reference: str | None = None) -> Task:
     inputs = [(1,), (5,), (-2,)]
-    meta = {"key": f"add{i}"}
-    if reference is not None:
-        meta["reference"] = reference
     return Task(id=f"code.gen/v1/train/1/{i:06d}", domain="code.gen", level=1,
                 prompt=({"role": "system", "content": "Be brief."},
                         {"role": "user", "content": f"Write add_k(x) returning x plus {i}."}),
                 spec=Spec("code", {"entry_point": "add_k", "inputs": plaindata.encode(inputs),
                                    "expected": plaindata.encode([x + i for (x,) in inputs]),
                                    "timeout": 5.0}),
-                meta=meta)
+                key=f"add{i}", reference=reference)
 
 
 MATH = Task(id="math.arith/v1/train/1/000003", domain="math.arith", level=1,
             prompt=({"role": "user", "content": "Compute 2 + 3."},),
-            spec=Spec("math", {"answer": "5", "tolerance": 0.0}), meta={"key": "2+3", "reference": "Answer: 5"})
+            spec=Spec("math", {"answer": "5", "tolerance": 0.0}), key="2+3", reference="Answer: 5")
 
 
 def write(tmp_path, rows, name="tasks.jsonl") -> str:
@@ -73,8 +70,8 @@ def test_humaneval_schema_maps_to_code_tasks(tmp_path):
     assert t0.prompt[0]["content"].endswith('"""Sum of xs."""\n```')
     assert t0.spec == Spec("code", {"entry_point": "total", "test": HE[0]["test"],
                                     "prompt_code": HE[0]["prompt"]})
-    assert t0.meta == {"key": "HE/0", "source": path,
-                       "reference": "```python\n" + HE[0]["prompt"] + HE[0]["canonical_solution"] + "```"}
+    assert (t0.key, t0.meta) == ("HE/0", {"source": path})
+    assert t0.reference == "```python\n" + HE[0]["prompt"] + HE[0]["canonical_solution"] + "```"
 
 
 def test_rlvr_schema_round_trips(tmp_path):
@@ -119,7 +116,7 @@ def test_broken_solutions_are_dropped_and_the_rest_kept(tmp_path):
     bad_spec = Task(id="code.gen/v1/train/1/000009", domain="code.gen", level=1,
                     prompt=({"role": "user", "content": "?"},),
                     spec=Spec("code", {"entry_point": "f", "test": "def helper():\n    pass\n"}),
-                    meta={"reference": "```python\ndef f():\n    pass\n```"})
+                    reference="```python\ndef f():\n    pass\n```")
     rows = HE + [BROKEN, io_task(3, "```python\ndef add_k(x):\n    return x + 3\n```").to_dict(),
                  broken_io.to_dict(), MATH.to_dict(), bad_spec.to_dict()]
     path = write(tmp_path, rows)
@@ -135,7 +132,7 @@ def test_broken_solutions_are_dropped_and_the_rest_kept(tmp_path):
     assert len(lines) == 1 and lines[0].startswith(f"kept 5 of 8 tasks from {path}; dropped 3: task file:tasks/HE/2")
     # what is kept passes the verifier from its own reference (the SFT demonstration)
     for task in tasks[:4]:
-        assert get_verifier(task).check(task, task.meta["reference"]).passed
+        assert get_verifier(task).check(task, task.reference).passed
         assert not get_verifier(task).check(task, "```python\ndef wrong(): pass\n```").passed
 
 

@@ -2,6 +2,6 @@
 rendering (``tokens``) and the built-in environments, registered in ``ENVS``."""
 
 from rlvr.envs import code_repair, tool_use  # noqa: F401  (registration)
-from rlvr.envs.base import ENVS, EnvConfig, Environment, SingleTurnEnv, Step, ToolEnv, env_name, make_env
+from rlvr.envs.base import ENVS, EnvConfig, Environment, SingleTurnEnv, Step, ToolEnv, make_env
 
-__all__ = ["ENVS", "EnvConfig", "Environment", "SingleTurnEnv", "Step", "ToolEnv", "env_name", "make_env"]
+__all__ = ["ENVS", "EnvConfig", "Environment", "SingleTurnEnv", "Step", "ToolEnv", "make_env"]

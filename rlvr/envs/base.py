@@ -9,7 +9,7 @@ An environment turns a task into an episode::
 Single-turn tasks are the one-step case (``SingleTurnEnv``: the first action ends the episode and
 is judged by the task's verifier). Multi-turn tool environments subclass ``ToolEnv``.
 Environments are registered by name in ``ENVS``; a task names its environment in
-``task.meta["env"]`` (default ``single_turn``). An instance is reused across episodes
+``task.env`` (default ``single_turn``). An instance is reused across episodes
 (``reset`` again), which is what makes a reset cheap.
 
 Budgets: turns and wall time (seconds spent in ``step``) are checked by the environment; token budgets by the rollout
@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from rlvr.config import check_range
 from rlvr.envs.tools import Tool, ToolCallError, parse_tool_call, run_tool, tool_message
 from rlvr.registry import Registry
-from rlvr.types import Message, Task, Verdict
+from rlvr.types import SINGLE_TURN, Message, Task, Verdict
 
 # Why an episode ended. The first group ends it normally; the rest are budgets or truncation.
 NATURAL_FINISHES = ("submit", "answer")
@@ -133,20 +133,11 @@ class Environment:
 ENVS: Registry[type[Environment]] = Registry("environment")
 
 
-def env_name(task: Task) -> str:
-    """The environment a task runs in: ``task.meta["env"]``, default ``single_turn``."""
-    return str(task.meta.get("env", "single_turn"))
-
-
-def is_multi_turn(task: Task) -> bool:
-    return env_name(task) != "single_turn"
-
-
-@ENVS.register("single_turn")
+@ENVS.register(SINGLE_TURN)
 class SingleTurnEnv(Environment):
     """One prompt, one answer, judged by the task's verifier: the one-step episode."""
 
-    name = "single_turn"
+    name = SINGLE_TURN
 
     def step(self, action: str) -> Step:
         self.turns += 1

@@ -200,7 +200,7 @@ class CodeRepairEnv(ToolEnv):
 
     def _verify(self) -> Verdict:
         from rlvr.sandbox.types import Job
-        from rlvr.verifiers.code import _finish_io, _parse
+        from rlvr.verifiers.code import compile_check, io_verdict
 
         hidden = [tuple(h) for h in plaindata.decode(self._payload["hidden"])]
         expected = plaindata.decode(self._payload["expected"])
@@ -209,12 +209,12 @@ class CodeRepairEnv(ToolEnv):
                 source = self._ws.read(f"{module}.py")
             except (OSError, ValueError):
                 continue  # a missing module fails in the sandbox (runtime_error)
-            error = _parse(source)
+            error = compile_check(source)
             if isinstance(error, str):
                 return Verdict(False, 0.0, "syntax_error", {"error": error, "file": f"{module}.py"})
         job = Job.io(SHIM, "run", hidden, workdir=self._ws.path,
                      protected=tuple(self._payload["protected"]),
                      limits=_limits(HIDDEN_WALL_S), task_id=self.task.id)
-        v = _finish_io(expected, {})(self._sandbox().run(job))
+        v = io_verdict(expected, {})(self._sandbox().run(job))
         return Verdict(v.passed, 1.0 if v.passed else 0.0, v.reason,
                        {**v.details, "fraction": v.score})

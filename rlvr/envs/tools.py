@@ -1,10 +1,6 @@
 """Tool calling: tool definitions, parsing ``<tool_call>`` blocks, and running a call safely.
 
-The assistant calls a tool in the widely used (Hermes/Qwen) format::
-
-    <tool_call>{"name": "read_file", "arguments": {"path": "ops.py"}}</tool_call>
-
-and the result comes back as a ``{"role": "tool", "name": ..., "content": ...}`` message.
+The assistant calls a tool in the format of ``rlvr.tool_calls`` and the result comes back as a ``{"role": "tool", "name": ..., "content": ...}`` message.
 ``Tool.schema()`` is the OpenAI/Hugging Face function schema that ``apply_chat_template(...,
 tools=[...])`` renders. Model output is untrusted: ``parse_tool_call`` never raises on it; a
 malformed call is a ``ToolCallError`` whose message becomes the error observation.
@@ -16,13 +12,11 @@ sandbox, called by the environment's tools).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-_CALL = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
+from rlvr.tool_calls import CALL_CLOSE, CALL_OPEN, find_tool_calls
 _JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
                "object": dict, "array": list}
 MAX_RESULT_CHARS = 2000  # a tool result longer than this is cut (head kept, marked)
@@ -56,15 +50,6 @@ class ToolCall:
 
 class ToolCallError(Exception):
     """A malformed or invalid call; ``str(e)`` is shown to the model as the tool result."""
-
-
-def find_tool_calls(text: str) -> list[str]:
-    """The raw bodies of every closed ``<tool_call>...</tool_call>`` block in ``text``."""
-    return [m.group(1) for m in _CALL.finditer(text)]
-
-
-def has_tool_call(text: str) -> bool:
-    return CALL_OPEN in text
 
 
 def parse_tool_call(text: str) -> ToolCall | None:
@@ -117,11 +102,6 @@ def run_tool(tools: dict[str, Tool], call: ToolCall) -> str:
     if len(result) > MAX_RESULT_CHARS:
         result = result[:MAX_RESULT_CHARS] + f"\n[... cut: {len(result) - MAX_RESULT_CHARS} more characters]"
     return result
-
-
-def format_call(name: str, arguments: dict[str, Any] | None = None) -> str:
-    """The canonical text of a call (what reference demonstrations contain)."""
-    return CALL_OPEN + json.dumps({"name": name, "arguments": arguments or {}}) + CALL_CLOSE
 
 
 def tool_message(name: str, content: str) -> dict[str, str]:

@@ -13,7 +13,7 @@ import torch
 
 from rlvr.algos.passk import pass_at_k, wilson_interval, confidence_interval
 from rlvr.config import check_choice, check_device, check_range
-from rlvr.envs.base import EnvConfig, is_multi_turn
+from rlvr.envs.base import EnvConfig
 from rlvr.rollout.engine import PRECISIONS, SamplingParams
 from rlvr.rollout.episodes import EnvPool, judge, run_tasks
 from rlvr.types import Task
@@ -68,7 +68,7 @@ def evaluate(model, tokenizer, tasks: list[Task], cfg: EvalConfig, *, seed: int 
     )
     gen = torch.Generator().manual_seed(seed)
     pool = None
-    if any(is_multi_turn(t) for t in tasks):
+    if any(t.multi_turn for t in tasks):
         from rlvr.sandbox.config import shared_sandbox
 
         pool = EnvPool(cfg.env, sandbox if sandbox is not None else shared_sandbox())
@@ -104,7 +104,7 @@ def evaluate(model, tokenizer, tasks: list[Task], cfg: EvalConfig, *, seed: int 
         }
     report["samples"] = [
         {"task_id": tr.task_id, "completion": tr.completion,
-         **({"messages": list(tr.messages), "info": tr.info} if tr.info else {})}
+         **({"messages": list(tr.messages), "info": tr.episode.to_dict()} if tr.episode else {})}
         for tr in trajectories[: min(8, len(trajectories))]
     ]
     return report

@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlvr.envs.base import NATURAL_FINISHES, EnvConfig, Environment, env_name, is_multi_turn, make_env
+from rlvr.envs.base import NATURAL_FINISHES, EnvConfig, Environment, make_env
 from rlvr.envs.tokens import observation_ids
 from rlvr.model.tokenizer import encode_chat_prompt
 from rlvr.rollout.collect import collect
 from rlvr.rollout.decoder import KVPrefix
 from rlvr.rollout.engine import SamplingParams, generate
-from rlvr.types import Message, Task, Trajectory, Verdict
+from rlvr.types import EpisodeInfo, Message, Task, Trajectory, Verdict
 from rlvr.verifiers import check_all
 
 
@@ -119,7 +119,7 @@ def collect_episodes(
     conversation again each turn; the same tokens up to float rounding)."""
     cfg = pool.cfg
     n = params.n
-    envs = pool.take([env_name(t) for t in tasks for _ in range(n)])
+    envs = pool.take([t.env for t in tasks for _ in range(n)])
     live: list[_Live] = []
     for i, env in enumerate(envs):
         task = tasks[i // n]
@@ -236,7 +236,7 @@ def _trajectory(e: _Live, policy_version: int, timings: dict[str, float]) -> Tra
         policy_version=policy_version,
         timings=dict(timings),
         segments=tuple(e.segments),
-        info={"env": e.env.name, "finish": finish, "turns": e.env.turns, "max_tokens": e.env.cfg.max_tokens},
+        episode=EpisodeInfo(env=e.env.name, finish=finish, turns=e.env.turns, max_tokens=e.env.cfg.max_tokens),
     )
 
 
@@ -246,8 +246,8 @@ def run_tasks(model, tokenizer, tasks: list[Task], params: SamplingParams, pool:
     """Roll out ``params.n`` samples of every task, task-major (``group_id`` = index in
     ``tasks``): single-turn tasks in one batched ``collect`` (``params.max_new_tokens`` per
     answer), multi-turn tasks as episodes of their environments (``pool.cfg`` budgets)."""
-    multi = [i for i, t in enumerate(tasks) if is_multi_turn(t)]
-    single = [i for i, t in enumerate(tasks) if not is_multi_turn(t)]
+    multi = [i for i, t in enumerate(tasks) if t.multi_turn]
+    single = [i for i, t in enumerate(tasks) if not t.multi_turn]
     episodes: list[Episode] = []
     if single:
         trajectories = collect(model, tokenizer, [tasks[i] for i in single], params, generator=generator,

@@ -87,7 +87,7 @@ def run_fresh_interpreter(job: Job, python: str = sys.executable) -> ExecResult:
                             start_new_session=True)
     for fd in (job_r, tr_r, rep_w):
         os.close(fd)
-    reader = threading.Thread(target=lambda: setattr(reader, "data", harness._read_all(rep_r)))
+    reader = threading.Thread(target=lambda: setattr(reader, "data", harness.read_all(rep_r)))
     reader.start()
     try:
         out, err = proc.communicate(timeout=job.limits.wall_s)

@@ -48,7 +48,7 @@ def count_tests(tests: str) -> int:
     return sum(1 for n in names if n.startswith("test_"))
 
 
-def _read_all(fd: int) -> bytes:
+def read_all(fd: int) -> bytes:
     chunks = []
     while True:
         chunk = os.read(fd, 1 << 16)
@@ -57,7 +57,7 @@ def _read_all(fd: int) -> bytes:
         chunks.append(chunk)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
@@ -128,7 +128,7 @@ def _serve_candidate(job: dict, requests: int, replies: int) -> None:
                 reply = {"ok": plaindata.encode(fn(*args, **kwargs))}
             except BaseException as e:  # noqa: BLE001
                 reply = {"error": _describe(e), "type": type(e).__name__}
-        _write_all(replies, json.dumps(reply).encode() + b"\n")
+        write_all(replies, json.dumps(reply).encode() + b"\n")
 
 
 def _stub(requests: int, replies: int):
@@ -137,7 +137,7 @@ def _stub(requests: int, replies: int):
     def candidate(*args, **kwargs):
         try:
             call = {"a": plaindata.encode(args), "k": plaindata.encode(kwargs)}
-            _write_all(requests, json.dumps(call).encode() + b"\n")
+            write_all(requests, json.dumps(call).encode() + b"\n")
         except BrokenPipeError:
             raise CandidateGone("the candidate's process has exited") from None
         line = lines.read()
@@ -172,7 +172,7 @@ def run_tests(job: dict, trusted_fd: int, report_fd: int, report_factory, after_
     os.close(req_r)
     os.close(rep_w)
     _no_dumping()
-    trusted = json.loads(_read_all(trusted_fd))
+    trusted = json.loads(read_all(trusted_fd))
     report = report_factory(trusted["nonce"])
     candidate = _stub(req_w, rep_r)
     namespace = {"__name__": "tests", "__builtins__": builtins, job["entry_point"]: candidate,
@@ -246,7 +246,7 @@ def main(job: dict, trusted_fd: int, report_fd: int, after_fork=lambda: None) ->
 
     if job["kind"] == "tests":
         return run_tests(job, trusted_fd, report_fd, report_factory, after_fork)
-    trusted = json.loads(_read_all(trusted_fd))
+    trusted = json.loads(read_all(trusted_fd))
     os.close(trusted_fd)
     if job["kind"] == "io":
         return run_io(job, report_factory(trusted["nonce"]))
@@ -268,7 +268,7 @@ if __name__ == "__main__":  # exec path: argv = job fd, trusted fd, report fd (d
     job_fd, trusted_fd, report_fd = (int(x) for x in (sys.argv[1:4] or (3, 4, 5)))
     code = 70
     try:
-        code = main(json.loads(_read_all(job_fd)), trusted_fd=trusted_fd, report_fd=report_fd)
+        code = main(json.loads(read_all(job_fd)), trusted_fd=trusted_fd, report_fd=report_fd)
     except BaseException:  # noqa: BLE001
         traceback.print_exc()
     flush_and_exit(code)

@@ -62,7 +62,7 @@ def read_frame(fd: int) -> bytearray:
 
 
 def write_frame(fd: int, payload: bytes) -> None:
-    harness._write_all(fd, struct.pack(">I", len(payload)) + payload)
+    harness.write_all(fd, struct.pack(">I", len(payload)) + payload)
 
 
 # ---- output capture ------------------------------------------------------------------------
@@ -372,7 +372,7 @@ def _fill(pipe: tuple[int, int], data) -> None:
     if len(data) > 60_000:
         fcntl.fcntl(w, F_SETPIPE_SZ, min(1 << 20, len(data) + 4096))
     if data:
-        harness._write_all(w, bytes(data) if isinstance(data, bytearray) else data)
+        harness.write_all(w, bytes(data) if isinstance(data, bytearray) else data)
 
 
 def _close(*fds: int) -> None:

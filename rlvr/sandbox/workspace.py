@@ -77,6 +77,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
+from rlvr.sandbox.harness import write_all
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -217,7 +219,7 @@ class Workspace:
                     fst = os.fstat(f)
                     if stat.S_ISREG(fst.st_mode) and fst.st_ino == st.st_ino and fst.st_nlink == 1:
                         os.ftruncate(f, 0)
-                        _write_all(f, data)
+                        write_all(f, data)
                         if mode is not None:
                             os.fchmod(f, mode & 0o777)
                         return
@@ -228,7 +230,7 @@ class Workspace:
             f = os.open(name, _CREATE, 0o600, dir_fd=parent)
             try:
                 os.fchmod(f, (self._file_mode if mode is None else mode) & 0o777)
-                _write_all(f, data)
+                write_all(f, data)
             finally:
                 os.close(f)
         finally:
@@ -447,7 +449,7 @@ class Workspace:
             if self._euid == 0 and (want.uid, want.gid) != (self._euid, self._egid):
                 os.fchown(f, want.uid, want.gid)
             os.fchmod(f, want.mode)
-            _write_all(f, want.data)
+            write_all(f, want.data)
             return _key(os.fstat(f))
         finally:
             os.close(f)
@@ -581,12 +583,6 @@ def _holds(fd: int, name: str, data: bytes, key: _Key | None = None) -> bool:
     except OSError:
         return False
     return got == data and (key is None or got_key == key)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _open_dir(dir_fd: int, name: str) -> int:

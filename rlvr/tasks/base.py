@@ -22,7 +22,7 @@ from typing import Literal, Protocol
 
 from rlvr.errors import UserError
 from rlvr.registry import Registry
-from rlvr.types import Spec, Task
+from rlvr.types import SINGLE_TURN, Spec, Task
 
 Split = Literal["train", "eval"]
 SPLITS: tuple[str, ...] = ("train", "eval")
@@ -72,7 +72,8 @@ class Problem:
     """One sampled problem, before it becomes a ``Task``.
 
     ``reveals`` lists ``(domain, key)`` of other problems whose result ``reference`` states;
-    a train problem may reveal only train keys.
+    a train problem may reveal only train keys. ``actions``: a scripted expert's assistant turns
+    (multi-turn domains).
     """
 
     key: str
@@ -80,6 +81,7 @@ class Problem:
     spec: Spec
     reference: str
     reveals: tuple[tuple[str, str], ...] = ()
+    actions: tuple[str, ...] = ()
 
 
 class Domain:
@@ -89,6 +91,7 @@ class Domain:
     version: str = "v1"
     levels: tuple[int, ...] = (1, 2, 3, 4)
     needs_sandbox: bool = False  # its verifier executes model output (the trainer opens a sandbox)
+    env: str = SINGLE_TURN  # the environment its tasks run in (``Task.env``)
 
     def sample(self, level: int, rng: random.Random) -> Problem:
         """Draw one candidate problem of ``level``; may land in either split."""
@@ -124,7 +127,10 @@ class Domain:
             level=level,
             prompt=({"role": "user", "content": p.prompt},),
             spec=p.spec,
-            meta={"key": p.key, "reference": p.reference},
+            key=p.key,
+            reference=p.reference,
+            env=self.env,
+            actions=p.actions,
         )
 
     def corpus(self, seed: int, n_docs: int) -> list[str]:
@@ -181,8 +187,8 @@ def generate_tasks(
         for _ in range(MAX_DUPLICATES):
             task = domain.generate(split, level, next_index[slot], seed)
             next_index[slot] += 1
-            if (task.domain, task.meta["key"]) not in seen:
-                seen.add((task.domain, task.meta["key"]))
+            if (task.domain, task.key) not in seen:
+                seen.add((task.domain, task.key))
                 tasks.append(task)
                 break
         else:
@@ -206,7 +212,7 @@ def weighted_counts(n: int, weights: list[float]) -> list[int]:
 
 def check_disjoint(train: list[Task], eval: list[Task]) -> None:
     """Raise ``ValueError`` naming a (domain, key) present in both lists."""
-    train_keys = {(t.domain, t.meta["key"]) for t in train}
+    train_keys = {(t.domain, t.key) for t in train}
     for t in eval:
-        if (t.domain, t.meta["key"]) in train_keys:
-            raise ValueError(f"task key {t.meta['key']!r} of {t.domain} is in both train and eval")
+        if (t.domain, t.key) in train_keys:
+            raise ValueError(f"task key {t.key!r} of {t.domain} is in both train and eval")

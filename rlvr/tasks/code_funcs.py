@@ -79,7 +79,7 @@ def hidden_inputs(func: Func, rng: random.Random, n: int, avoid: list[tuple],
     return None
 
 
-def _int_arg(rng: random.Random) -> tuple:
+def int_arg(rng: random.Random) -> tuple:
     return (rng.randint(0, 20),)
 
 
@@ -97,7 +97,7 @@ def _level1(rng: random.Random, name: str) -> Func:
     k = rng.randint(2, 30)
     word, fn = OPS[op]
     return Func(f"L1:{x}{op}{k}", name, (x,), f"returns {x} {word} {k}", (f"return {x} {op} {k}",),
-                lambda v, fn=fn, k=k: fn(v, k), _int_arg)
+                lambda v, fn=fn, k=k: fn(v, k), int_arg)
 
 
 def _level2(rng: random.Random, name: str) -> Func:
@@ -114,7 +114,7 @@ def _level2(rng: random.Random, name: str) -> Func:
     expr = f"{x} {op1} {k1} {op2} {k2}" if op1 == "*" else f"({x} {op1} {k1}) {op2} {k2}"
     return Func(f"L2:{x}{op1}{k1}{op2}{k2}", name, (x,), f"returns {x} {w1} {k1}, {w2} {k2}",
                 (f"return {expr}",), lambda v, f1=f1, f2=f2, k1=k1, k2=k2: f2(f1(v, k1), k2),
-                _int_arg)
+                int_arg)
 
 
 def _level3(rng: random.Random, name: str) -> Func:
@@ -127,12 +127,12 @@ def _level3(rng: random.Random, name: str) -> Func:
         return Func(f"L3:{x}{cmp}{k}->x-{k}|{otherwise}", name, (x,),
                     f"returns {x} minus {k} if {x} is {cword} {k}, otherwise {otherwise}",
                     (f"if {x} {cmp} {k}:", f">return {x} - {k}", f"return {otherwise}"),
-                    lambda v, cfn=cfn, k=k, o=otherwise: v - k if cfn(v, k) else o, _int_arg)
+                    lambda v, cfn=cfn, k=k, o=otherwise: v - k if cfn(v, k) else o, int_arg)
     yes, no = rng.sample(range(10), 2)
     return Func(f"L3:{x}{cmp}{k}->{yes}|{no}", name, (x,),
                 f"returns {yes} if {x} is {cword} {k}, otherwise {no}",
                 (f"if {x} {cmp} {k}:", f">return {yes}", f"return {no}"),
-                lambda v, cfn=cfn, k=k, y=yes, n=no: y if cfn(v, k) else n, _int_arg)
+                lambda v, cfn=cfn, k=k, y=yes, n=no: y if cfn(v, k) else n, int_arg)
 
 
 def _level4(rng: random.Random, name: str) -> Func:

@@ -19,11 +19,11 @@ the bug; not names or inputs) so a problem lands in one split whatever asked for
 problem must not reveal an eval ``code.debug`` fix or ``code.gen`` solution, so those keys are
 listed in ``reveals``.
 
-``meta["actions"]`` is a scripted expert that acts, observes and corrects: it reads what the
+``Task.actions`` is a scripted expert that acts, observes and corrects: it reads what the
 level needs, patches, runs the tests and submits once they pass. In about half of the problems
 (``RECOVER_FRAC``) its first patch is a plausible wrong one (another one-token change of the
 buggy line), the tests say so, and it patches again: the transcripts show the loop a repair
-episode exists for, not only a fix that is right the first time. ``meta["reference"]`` is the
+episode exists for, not only a fix that is right the first time. ``Task.reference`` is the
 transcript of that episode as plain text (pretraining);
 the observations in it are simulated here by the same rules the environment follows, which
 the tests check against real episodes.
@@ -36,19 +36,19 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from rlvr.errors import UserError
 from rlvr.sandbox import plaindata
-from rlvr.tasks.base import DOMAINS, SPLITS, Domain, Problem, task_id
+from rlvr.tasks.base import DOMAINS, Domain, Problem
 from rlvr.tasks.code_funcs import (
     NAMES,
     OPS,
     Func,
-    _int_arg,
+    int_arg,
     hidden_inputs,
     mutate,
     sample_func,
 )
-from rlvr.types import Spec, Task
+from rlvr.tool_calls import format_call
+from rlvr.types import Spec
 
 NAME = "code.repair"
 HIDDEN_BUGGY, HIDDEN_OTHER = 6, 3  # hidden inputs for the buggy function / every other one
@@ -160,11 +160,6 @@ def transcript(prompt: str, turns: list[tuple[str, str | None]]) -> str:
 
 
 @dataclass(frozen=True)
-class RepairProblem(Problem):
-    actions: tuple[str, ...] = ()  # the scripted expert's assistant turns
-
-
-@dataclass(frozen=True)
 class Fn:
     """One function of the project: where it lives, how it should behave, how it ships."""
 
@@ -195,7 +190,7 @@ def _wrapper(helper: Func, name: str, op: str, k: int) -> Func:
     word, fn = OPS[op]
     return Func(f"W:{op}{k}", name, (x,), f"returns {helper.name}({x}) {word} {k}",
                 (f"return {helper.name}({x}) {op} {k}",),
-                lambda v, fn=fn, k=k, h=helper.fn: fn(h(v), k), _int_arg)
+                lambda v, fn=fn, k=k, h=helper.fn: fn(h(v), k), int_arg)
 
 
 @dataclass(frozen=True)
@@ -233,6 +228,7 @@ class CodeRepairDomain(Domain):
     version = "v1"
     levels = (1, 2, 3, 4)
     needs_sandbox = True
+    env = NAME  # episodes in the code.repair environment (rlvr.envs.code_repair)
 
     # -- sampling --
 
@@ -336,8 +332,6 @@ class CodeRepairDomain(Domain):
 
     def _problem(self, draft: Draft, fix: tuple[str, str, str], hidden: list[tuple],
                  wrong: tuple[str, list] | None = None) -> Problem:
-        from rlvr.envs.tools import format_call  # here: rlvr.envs imports this module
-
         level = draft.level
         files = self._files(draft)
         test_path = next(p for p in files if p.startswith("test_"))
@@ -384,27 +378,11 @@ class CodeRepairDomain(Domain):
                + "#" + buggy.shipped.key)
         reveals = (("code.debug", buggy.shipped.key),
                    *(("code.gen", f.good.key) for f in draft.fns if not f.good.key.startswith("W:")))
-        return RepairProblem(key=key, prompt=prompt, spec=Spec(NAME, payload),
+        return Problem(key=key, prompt=prompt, spec=Spec(NAME, payload),
                              reference=transcript(prompt, turns), reveals=reveals,
                              actions=tuple(a for a, _ in turns))
 
-    # -- tasks and corpus --
-
-    def generate(self, split: str, level: int, index: int, seed: int) -> Task:
-        if split not in SPLITS:
-            raise UserError(f"unknown split {split!r}; choose one of: {', '.join(SPLITS)}")
-        if level not in self.levels:
-            raise UserError(f"{self.name} has no level {level}; levels are {list(self.levels)}")
-        p = self.draw(split, level, seed, self.name, self.version, split, level, index)
-        return Task(
-            id=task_id(self.name, self.version, split, level, index),
-            domain=self.name,
-            level=level,
-            prompt=({"role": "user", "content": p.prompt},),
-            spec=p.spec,
-            meta={"env": NAME, "key": p.key, "reference": p.reference,
-                  "actions": list(p.actions)},
-        )
+    # -- corpus --
 
     def corpus_text(self, problem: Problem, rng: random.Random) -> str:
         return problem.reference  # the whole transcript: prompt, turns, observations

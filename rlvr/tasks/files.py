@@ -4,9 +4,11 @@
   ``entry_point``; optional ``domain``, ``level``, ``timeout``): ``prompt`` is the signature and
   docstring, ``canonical_solution`` the body, ``test`` defines ``check(candidate)``. Becomes a
   ``code`` task with id ``file:<stem>/<task_id>``, the prompt in an instruction, and the
-  canonical solution as ``meta["reference"]`` (one fenced block, as the verifier expects).
+  canonical solution as ``reference`` (one fenced block, as the verifier expects).
 - **rlvr's own**: a ``Task.to_dict()`` line (``id``, ``domain``, ``level``, ``prompt``,
-  ``spec``, ``meta``), as ``rlvr tasks show`` prints them.
+  ``spec``; optional ``key``, ``reference``, ``env``, ``actions``, ``meta``), as ``rlvr tasks show``
+  prints them; files written before ``key``/``reference``/``env``/``actions`` were fields keep
+  them in ``meta``, which is read the same way.
 
 A malformed line is a ``UserError`` naming the file, the 1-based line and the field. A task whose
 own reference solution fails its own tests (code tasks: checked in the sandbox, all in one batch)
@@ -78,9 +80,9 @@ def _humaneval_task(obj: dict[str, Any], stem: str, source: str) -> Task:
         id=f"file:{stem}/{fields['task_id']}", domain=domain, level=_level(obj),
         prompt=({"role": "user", "content": INSTRUCTION.format(prompt=prompt)},),
         spec=Spec("code", payload),
-        meta={"key": fields["task_id"],
-              "reference": "```python\n" + _with_newline(prompt + fields["canonical_solution"]) + "```",
-              "source": source},
+        key=fields["task_id"],
+        reference="```python\n" + _with_newline(prompt + fields["canonical_solution"]) + "```",
+        meta={"source": source},
     )
 
 
@@ -111,8 +113,9 @@ def _rlvr_task(obj: dict[str, Any]) -> Task:
         raise _LineError("field 'spec.payload' is not an object")
     if not isinstance(obj.get("meta", {}), dict):
         raise _LineError("field 'meta' is not an object")
-    if "reference" in obj.get("meta", {}) and not isinstance(obj["meta"]["reference"], str):
-        raise _LineError("field 'meta.reference' is not a string")
+    for where, fields in (("", obj), ("meta.", obj.get("meta", {}))):
+        if fields.get("reference") is not None and not isinstance(fields["reference"], str):
+            raise _LineError(f"field '{where}reference' is not a string")
     return Task.from_dict(obj)
 
 
@@ -147,9 +150,9 @@ def _check_references(tasks: list[Task]) -> list[str | None]:
         except UserError as e:
             reasons[i] = str(e)
             continue
-        if isinstance(task.meta.get("reference"), str):
+        if isinstance(task.reference, str):
             to_check.append(i)
-    verdicts = check_all([(tasks[i], tasks[i].meta["reference"]) for i in to_check])
+    verdicts = check_all([(tasks[i], tasks[i].reference) for i in to_check])
     for i, verdict in zip(to_check, verdicts):
         if not verdict.passed:
             error = verdict.details.get("error") or verdict.details.get("stderr") or ""

@@ -16,8 +16,8 @@ answer is computed here in Python (never by running anything). The spec payload:
      "calls": [[tool, {arguments}], ...],       # the scripted expert's calls, in order
      "results": ["34", "238"]}                  # what those calls return
 
-``meta["actions"]`` are the expert's assistant turns (each one call, then ``Answer: \boxed{N}``)
-and ``meta["reference"]`` the whole expert episode as plain text (calls, ``tool:`` results, the
+``Task.actions`` are the expert's assistant turns (each one call, then ``Answer: \boxed{N}``)
+and ``Task.reference`` the whole expert episode as plain text (calls, ``tool:`` results, the
 answer) for the pretraining corpus. The problem key covers the question and the table, so a
 table and question seen in training never come back in eval.
 """
@@ -29,9 +29,9 @@ import json
 import random
 import re
 
-from rlvr.envs.tools import format_call
+from rlvr.tool_calls import format_call
 from rlvr.tasks.base import DOMAINS, Domain, Problem
-from rlvr.types import Spec, Task
+from rlvr.types import Spec
 
 NAME = "tool.use"
 NAMES = ("apple", "bolt", "cup", "desk", "egg", "fan", "gear", "hat", "ink", "jar", "key",
@@ -129,6 +129,7 @@ class ToolUseDomain(Domain):
     version = "v1"
     levels = (1, 2, 3, 4)
     needs_sandbox = True  # the sql tool runs model-written queries in the sandbox
+    env = NAME  # episodes in the tool.use environment (rlvr.envs.tool_use)
 
     def sample(self, level: int, rng: random.Random) -> Problem:
         if level not in self.levels:
@@ -155,15 +156,8 @@ class ToolUseDomain(Domain):
             lines += [action, f"tool: {result}"]
         lines.append(actions[-1])
         return Problem(key=_key(level, question, rows), prompt=prompt,
-                       spec=Spec(kind=NAME, payload=payload), reference="\n".join(lines))
-
-    def generate(self, split: str, level: int, index: int, seed: int) -> Task:
-        task = super().generate(split, level, index, seed)
-        p = task.spec.payload
-        actions = [format_call(n, a) for n, a in p["calls"]] + [_answer(int(p["answer"]))]
-        meta = {**task.meta, "env": NAME, "actions": actions}
-        return Task(id=task.id, domain=task.domain, level=task.level, prompt=task.prompt,
-                    spec=task.spec, meta=meta)
+                       spec=Spec(kind=NAME, payload=payload), reference="\n".join(lines),
+                       actions=tuple(actions))
 
     def corpus_text(self, problem: Problem, rng: random.Random) -> str:
         return f"{problem.prompt}\n{problem.reference}"

@@ -48,7 +48,7 @@ from rlvr.model.checkpoint import (
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.monitor.metrics import MetricsLogger
 from rlvr.rewards import RewardConfig, score_all
-from rlvr.envs.base import EnvConfig, is_multi_turn
+from rlvr.envs.base import EnvConfig
 from rlvr.rollout.async_rollout import AsyncConfig, AsyncRollout, RolloutBatch, parity_kl
 from rlvr.rollout.engine import PRECISIONS, SamplingParams, precision_autocast, sequence_logprobs
 from rlvr.rollout.episodes import EnvPool, Episode, judge, run_tasks
@@ -313,7 +313,7 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     per_step = cfg.rollout.tasks_per_step * cfg.rollout.samples_per_task
     updates_per_step = cfg.algo.ppo_epochs * math.ceil(per_step / (cfg.algo.minibatch_size or per_step))
     optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.steps * updates_per_step)
-    envs = EnvPool(cfg.env, sandbox) if any(is_multi_turn(t) for t in tasks) else None
+    envs = EnvPool(cfg.env, sandbox) if any(t.multi_turn for t in tasks) else None
     pool = TaskPool(tasks, seed=cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
     step = 0
@@ -392,7 +392,7 @@ def update(run: Run, kept: list[Scored], advantages: list[float], cfg: GRPOConfi
     a = cfg.algo
     device = next(run.model.parameters()).device
     batch = collate([s.trajectory for s in kept], advantages, run.tokenizer.pad_token_id).to(device)
-    budget = max(int(s.trajectory.info.get("max_tokens", cfg.rollout.max_new_tokens)) for s in kept)
+    budget = max(s.trajectory.token_budget(cfg.rollout.max_new_tokens) for s in kept)
     if run.ref_model is not None:
         with torch.no_grad():
             batch.ref_logprobs = logprobs_of(run.ref_model, batch, a)
@@ -541,16 +541,16 @@ def rollout_metrics(tasks: list[Task], scored: list[Scored], kept: list[Scored])
         "rollout/truncated_frac": sum(s.trajectory.finish_reason == "length" for s in scored) / n,
         "rollout/kept_frac": len(kept) / n,
     }
-    played = [s.trajectory.info for s in scored if s.trajectory.info]
+    played = [s.trajectory.episode for s in scored if s.trajectory.episode]
     if played:  # multi-turn episodes: how long they ran and how they ended
-        out["rollout/turns_mean"] = sum(i["turns"] for i in played) / len(played)
-        for finish in sorted({i["finish"] for i in played}):
-            out[f"rollout/finish/{finish}"] = sum(i["finish"] == finish for i in played) / len(played)
+        out["rollout/turns_mean"] = sum(e.turns for e in played) / len(played)
+        for finish in sorted({e.finish for e in played}):
+            out[f"rollout/finish/{finish}"] = sum(e.finish == finish for e in played) / len(played)
     for term in sorted({t for s in scored for t in s.terms}):
         out[f"rollout/reward_{term}"] = sum(s.terms.get(term, 0.0) for s in scored) / n
     by_domain: dict[str, list[bool]] = defaultdict(list)
     for s in scored:
-        by_domain[tasks[s.trajectory.group_id].domain].append(s.verdict.passed)
+        by_domain[s.task.domain].append(s.verdict.passed)
     for domain, passed in by_domain.items():
         out[f"rollout/pass_rate/{domain}"] = sum(passed) / len(passed)
     return out
@@ -572,8 +572,8 @@ def save_trajectories(run_dir: Path, step: int, scored: list[Scored], limit: int
         for s in scored[:limit]:
             f.write(json.dumps({"task_id": s.trajectory.task_id, "completion": s.trajectory.completion,
                                 "finish_reason": s.trajectory.finish_reason, "reward": s.reward,
-                                **({"messages": list(s.trajectory.messages), "info": s.trajectory.info}
-                                   if s.trajectory.info else {}),
+                                **({"messages": list(s.trajectory.messages), "info": s.trajectory.episode.to_dict()}
+                                   if s.trajectory.episode else {}),
                                 "terms": s.terms, "verdict": s.verdict.to_dict()}) + "\n")
 
 

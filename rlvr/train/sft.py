@@ -5,7 +5,7 @@ assistant response ids and the end-of-turn token; the loss mask is 1 exactly on 
 which is the same token layout the policy later produces during RL.
 
 Multi-turn tasks (tool environments) are demonstrated by real episodes: the task's scripted
-expert actions (``meta["actions"]``) are played in its environment (tools run in the sandbox),
+expert actions (``Task.actions``) are played in its environment (tools run in the sandbox),
 and the conversation becomes ids with ``rlvr.envs.tokens.conversation_ids``: assistant turns
 trained, tool results masked, in exactly the layout of a rollout. A demonstration that does not
 pass its own verifier, or does not fit the model's context, is dropped (and counted).
@@ -29,7 +29,7 @@ from rlvr.tasks.base import generate_tasks
 from rlvr.train.allocator import keep_freed_memory
 from rlvr.train.batching import pad_right
 from rlvr.train.common import OptimConfig, build_optimizer, clip_and_step, prepare_run_dir, seed_everything
-from rlvr.envs.base import EnvConfig, env_name, is_multi_turn, play
+from rlvr.envs.base import EnvConfig, play
 from rlvr.envs.tokens import conversation_ids
 from rlvr.sandbox.config import SandboxConfig
 from rlvr.types import Task
@@ -82,10 +82,10 @@ def build_examples(tokenizer, tasks: list[Task], *, env_cfg: EnvConfig | None = 
     envs: dict[str, object] = {}
     dropped = 0
     for task in tasks:
-        if is_multi_turn(task):
-            name = env_name(task)
+        if task.multi_turn:
+            name = task.env
             env = envs.get(name) or envs.setdefault(name, make_env(name, env_cfg, sandbox))
-            messages, verdict = play(env, task, list(task.meta["actions"]))
+            messages, verdict = play(env, task, list(task.actions))
             ids, mask = conversation_ids(tokenizer, messages, [t.schema() for t in env.tools()])
             if not verdict.passed or (max_len and len(ids) > max_len):
                 dropped += 1
@@ -93,7 +93,7 @@ def build_examples(tokenizer, tasks: list[Task], *, env_cfg: EnvConfig | None = 
             examples.append((ids, mask))
             continue
         prompt = encode_chat_prompt(tokenizer, list(task.prompt))
-        answer = encode_completion(tokenizer, task.meta["reference"])
+        answer = encode_completion(tokenizer, task.reference)
         examples.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
     for env in envs.values():
         env.close()
@@ -112,7 +112,7 @@ def run_sft(cfg: SFTConfig, *, progress: bool = True) -> dict:
     model.train()
     tasks = generate_tasks(cfg.domains, "train", cfg.train_tasks, seed=cfg.seed, levels=cfg.levels)
     sandbox = None
-    if any(is_multi_turn(t) for t in tasks):
+    if any(t.multi_turn for t in tasks):
         from rlvr.sandbox.config import shared_sandbox
 
         sandbox = shared_sandbox(cfg.sandbox, run_dir)

@@ -116,7 +116,7 @@ def defines_top_level(tree: ast.Module, name: str) -> bool:
     return False
 
 
-def _parse(source: str) -> ast.Module | str:
+def compile_check(source: str) -> ast.Module | str:
     """The module's AST, or a one-line description of why it does not compile.
 
     Compiled here in the trusted process with ``compile`` (never executed): syntax errors,
@@ -203,7 +203,7 @@ def _before_run(result: ExecResult) -> str | None:
     return None
 
 
-def _finish_io(expected: list[Any], details: dict[str, Any]) -> Callable[[ExecResult], Verdict]:
+def io_verdict(expected: list[Any], details: dict[str, Any]) -> Callable[[ExecResult], Verdict]:
     def finish(result: ExecResult) -> Verdict:
         d = _common_details(details, result)
         total = len(expected)
@@ -266,7 +266,7 @@ def _prepare_program(program: str, spec: dict[str, Any], details: dict[str, Any]
 
     details["code"] = program[:MAX_CODE_IN_DETAILS]
     entry_point = spec["entry_point"]
-    tree = _parse(program)
+    tree = compile_check(program)
     if isinstance(tree, str):
         return _fail("syntax_error", {**details, "error": tree})
     if not defines_top_level(tree, entry_point):
@@ -280,7 +280,7 @@ def _prepare_program(program: str, spec: dict[str, Any], details: dict[str, Any]
         return _Pending(job, _finish_tests(details))
     inputs, expected = _decode_io(spec, task_id)
     job = Job.io(program, entry_point, inputs, limits=limits, task_id=task_id)
-    return _Pending(job, _finish_io(expected, details))
+    return _Pending(job, io_verdict(expected, details))
 
 
 def _decode_io(spec: dict[str, Any], task_id: str) -> tuple[list[tuple], list[Any]]:
@@ -347,11 +347,11 @@ def assemble_program(code: str, prompt_code: str, entry_point: str) -> str:
     if not prompt_code:
         return code
     prompt_code += "" if prompt_code.endswith("\n") else "\n"
-    tree = _parse(code)
+    tree = compile_check(code)
     if isinstance(tree, str) or not defines_top_level(tree, entry_point):
         return prompt_code + code
     combined = prompt_code + "\n\n" + code
-    return combined if not isinstance(_parse(combined), str) else code
+    return combined if not isinstance(compile_check(combined), str) else code
 
 
 def tests_with_prompt(test: str, prompt_code: str, entry_point: str) -> str:
@@ -367,7 +367,7 @@ def tests_with_prompt(test: str, prompt_code: str, entry_point: str) -> str:
         return test
     combined = (f"_rlvr_candidate = {entry_point}\n{prompt_code}\n\n{test}\n\n"
                 f"{entry_point} = _rlvr_candidate\n")
-    return combined if not isinstance(_parse(combined), str) else test
+    return combined if not isinstance(compile_check(combined), str) else test
 
 
 def _prepare(task: Task, completion: str) -> Verdict | _Pending:
