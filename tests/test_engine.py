@@ -16,7 +16,7 @@ from rlvr.model.tiny import TinyModelConfig, build_tiny_model
 from rlvr.model.tokenizer import train_tokenizer
 from rlvr.rollout import decoder
 from rlvr.rollout.engine import SamplingParams, generate, sequence_logprobs, top_p_filter
-from rlvr.train.batching import pad_right
+from rlvr.model.inputs import pad_right
 
 CFG = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
 PAD = 2

@@ -15,8 +15,9 @@ from rlvr.algos.passk import pass_at_k, wilson_interval, confidence_interval
 from rlvr.config import check_choice, check_device, check_range
 from rlvr.envs.base import EnvConfig
 from rlvr.rollout.engine import PRECISIONS, SamplingParams
-from rlvr.rollout.episodes import EnvPool, judge, run_tasks
+from rlvr.rollout.episodes import EnvPool, run_tasks
 from rlvr.types import Task
+from rlvr.verifiers.judge import judge
 
 
 @dataclass

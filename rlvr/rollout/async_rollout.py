@@ -32,7 +32,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,8 +40,9 @@ import torch
 from rlvr.algos.kl import logprob_mismatch_kl
 from rlvr.config import check_range
 from rlvr.rollout.engine import sequence_logprobs
+from rlvr.rollout.source import RolloutBatch
 from rlvr.rollout.weights import WeightSync
-from rlvr.train.batching import pad_right
+from rlvr.model.inputs import pad_right
 
 
 @dataclass
@@ -68,24 +69,12 @@ class AsyncConfig:
         check_range("asynchronous.parity_rows", self.parity_rows, 0)
 
 
-@dataclass
-class RolloutBatch:
-    """One verified batch, as the trainer receives it."""
-
-    index: int                  # 0-based batch number over the run (= the step it was made for - 1)
-    tasks: list
-    scored: list
-    version: int                # policy version that generated every trajectory in it
-    pool_state: dict            # task pool state right after drawing ``tasks``
-    mismatch_kl: float          # engine sampling logprobs vs full forward at the same weights
-    timings: dict[str, float] = field(default_factory=dict)
-
-
 _DONE = object()
 
 
 class AsyncRollout:
-    """The producer and verifier threads around one engine copy of ``model``.
+    """The producer and verifier threads around one engine copy of ``model``: a ``RolloutSource``
+    (``rlvr.rollout.source``).
 
     ``generate(engine_model, tasks, version, envs, generator) -> episodes`` and
     ``verify(tasks, episodes) -> scored`` are the trainer's own phase functions; ``env_pools``
@@ -143,6 +132,17 @@ class AsyncRollout:
         self.sync.push(model, version)
         with self.cond:
             self.cond.notify_all()
+
+    def metrics(self, batch: RolloutBatch, trainer_version: int) -> dict[str, float]:
+        """Staleness and weight-sync counters and the producer's and verifier's seconds (the
+        engine's own parity check travels in ``batch.mismatch_kl``)."""
+        return {
+            "async/staleness": float(trainer_version - batch.version),
+            "async/policy_version": float(batch.version),
+            "async/dropped_stale": float(self.dropped),
+            "async/weight_loads": float(self.sync.loads),
+            **batch.timings,
+        }
 
     def close(self) -> None:
         self.stop.set()

@@ -16,10 +16,9 @@ Budgets: a turn may use ``turn_tokens``, an episode ``max_tokens`` policy tokens
 ``max_context`` tokens in all (capped by the model's context length); running out cuts the
 episode (``finish``: length / tokens / context), which then fails.
 
-``run_tasks``/``judge`` are what the trainer and eval call: single-turn tasks go through the
-bulk path (``collect`` + ``check_all``, the one-step case done in one batch), multi-turn tasks
-through episodes; ``judge`` asks each episode's environment for its verdict (hidden tests on the
-final workspace, the answer and the tool results it relies on), concurrently.
+``run_tasks`` is what the trainer and eval call: single-turn tasks go through the bulk path
+(``collect``, the one-step case done in one batch), multi-turn tasks through episodes;
+``rlvr.verifiers.judge`` then gives each its verdict.
 """
 
 from __future__ import annotations
@@ -37,8 +36,7 @@ from rlvr.model.tokenizer import encode_chat_prompt
 from rlvr.rollout.collect import collect
 from rlvr.rollout.decoder import KVPrefix
 from rlvr.rollout.engine import SamplingParams, generate
-from rlvr.types import EpisodeInfo, Message, Task, Trajectory, Verdict
-from rlvr.verifiers import check_all
+from rlvr.types import EpisodeInfo, Message, Task, Trajectory
 
 
 @dataclass
@@ -262,18 +260,3 @@ def run_tasks(model, tokenizer, tasks: list[Task], params: SamplingParams, pool:
                      for ep in played]
     episodes.sort(key=lambda ep: ep.trajectory.group_id)  # stable: samples keep their order
     return episodes
-
-
-def judge(tasks: list[Task], episodes: list[Episode], workers: int = 8) -> list[Verdict]:
-    """Verdicts in order: single-turn completions through their verifiers in one batch
-    (``check_all``), episodes by their environments (concurrently)."""
-    verdicts: list[Verdict | None] = [None] * len(episodes)
-    bulk = [i for i, ep in enumerate(episodes) if ep.env is None]
-    for i, v in zip(bulk, check_all([(tasks[episodes[i].trajectory.group_id], episodes[i].trajectory.completion)
-                                     for i in bulk])):
-        verdicts[i] = v
-    played = [i for i, ep in enumerate(episodes) if ep.env is not None]
-    with ThreadPoolExecutor(max_workers=workers) as threads:
-        for i, v in zip(played, threads.map(lambda i: episodes[i].env.verify(), played)):
-            verdicts[i] = v
-    return verdicts  # type: ignore[return-value]

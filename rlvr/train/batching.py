@@ -5,19 +5,12 @@ Every trainer builds its tensors here so padding, masks and alignment are define
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
+from rlvr.model.inputs import pad_right
 from rlvr.types import Batch, Trajectory
-
-
-def pad_right(rows: Sequence[Sequence], value, dtype) -> torch.Tensor:
-    width = max(len(r) for r in rows)
-    out = torch.full((len(rows), width), value, dtype=dtype)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(list(r), dtype=dtype)
-    return out
 
 
 def collate(trajectories: Sequence[Trajectory], advantages: Sequence[float], pad_token_id: int) -> Batch:

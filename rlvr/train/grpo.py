@@ -1,19 +1,21 @@
 """GRPO-family RL from verifiable rewards: the training loop, read top to bottom.
 
-One step:  tasks = pool.next()            which tasks (curriculum)
-           episodes = rollout()            n samples per task, exact tokens + sampling logprobs;
-                                           multi-turn tasks play episodes in their environments
-           scored = verify_and_reward()    verifier / environment verdict -> reward terms
+One step:  batch = source.next()          which tasks (curriculum), then n samples per task
+                                           (``rollout``: exact tokens + sampling logprobs; multi-turn
+                                           tasks play episodes in their environments), then
+                                           ``verify_and_reward``: verdict -> reward terms
            advantages = ADVANTAGES[...]    per group; zero-variance groups dropped
            update()                        PPO-clip epochs over mini/micro-batches
+           source.push(model)              the rollout side gets the new weights
            log, eval, checkpoint           metrics.jsonl + TensorBoard; atomic, resumable
 Algorithm variants live in registries (``rlvr.algos``); this file never branches on their names.
-In-process and single-device by design; distribution sits behind the worker interface.
 
-Asynchronous mode (``asynchronous.enabled``, docs/async.md): rollout and verification run in
-background threads on an engine copy of the model (``rlvr.rollout.async_rollout``); the loop takes
-verified batches at most ``max_staleness`` versions old, corrects stale samples with truncated IS
-weights (``off_policy_correction``) and pushes its weights after each update (canary-checked).
+Batches come from a ``RolloutSource`` (``rlvr.rollout.source``): ``next`` gives the verified
+batch of a step, ``push`` takes the weights after the update. The default (``SyncRollout``) runs
+the curriculum, rollout and verify phases in this thread with the trainer's own model; in
+asynchronous mode (``asynchronous.enabled``, docs/async.md) ``AsyncRollout`` generates and
+verifies in background threads on an engine copy, batches at most ``max_staleness`` versions old,
+and the update corrects stale samples with truncated IS weights (``rlvr.algos.off_policy``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +37,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from rlvr.algos.advantages import ADVANTAGES, group_has_variance
 from rlvr.algos.kl import KL_ESTIMATORS, logprob_mismatch_kl
 from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES
-from rlvr.algos.penalties import truncated_is_weights
+from rlvr.algos.off_policy import correct_off_policy
 from rlvr.config import check_choice, check_device, check_range, resolve_device
 from rlvr.curriculum.pool import TaskPool
 from rlvr.errors import ConfigError
@@ -49,9 +52,12 @@ from rlvr.model.load import load_model_and_tokenizer
 from rlvr.monitor.metrics import MetricsLogger
 from rlvr.rewards import RewardConfig, score_all
 from rlvr.envs.base import EnvConfig
-from rlvr.rollout.async_rollout import AsyncConfig, AsyncRollout, RolloutBatch, parity_kl
+from rlvr.rollout.async_rollout import AsyncConfig, AsyncRollout, parity_kl
+from rlvr.rollout.source import RolloutBatch, RolloutSource
+from rlvr.rollout.sync_rollout import SyncRollout
 from rlvr.rollout.engine import PRECISIONS, SamplingParams, precision_autocast, sequence_logprobs
-from rlvr.rollout.episodes import EnvPool, Episode, judge, run_tasks
+from rlvr.rollout.episodes import EnvPool, Episode, run_tasks
+from rlvr.verifiers.judge import judge
 from rlvr.sandbox.config import SandboxConfig, shared_sandbox
 from rlvr.tasks.base import DOMAINS, generate_tasks
 from rlvr.tasks.files import load_task_file
@@ -215,51 +221,35 @@ class GRPOConfig:
 
 def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) -> dict:
     run = setup(cfg, resume)
-    producer = start_async_rollout(run, cfg) if cfg.asynchronous.enabled else None
+    source = rollout_source(run, cfg)
     try:
         with Progress(disable=not progress, transient=True) as bar:
             job = bar.add_task("grpo", total=cfg.steps, completed=run.step)
             for step in range(run.step + 1, cfg.steps + 1):
                 timer = Timer()
-                if producer is None:  # synchronous: one phase after the other
-                    with timer("curriculum"):
-                        tasks = run.pool.next(cfg.rollout.tasks_per_step)
-                    with timer("rollout"):
-                        episodes = rollout(run, tasks, policy_version=step - 1)
-                    with timer("verify"):
-                        scored = verify_and_reward(tasks, episodes, cfg)
-                else:  # asynchronous: generated and verified in the background, at most k versions old
-                    with timer("wait"):
-                        got = producer.next(trainer_version=step - 1)
-                    tasks, scored = got.tasks, got.scored
+                with timer("wait"):
+                    batch = source.next(trainer_version=step - 1)
                 with timer("advantage"):
-                    kept, advantages = compute_advantages(scored, cfg)
+                    kept, advantages = compute_advantages(batch.scored, cfg)
                 with timer("update"):
                     train_metrics = update(run, kept, advantages, cfg)
-                if producer is None and "rollout/logprob_mismatch_kl" not in train_metrics:
-                    run.model.eval()  # every group was dropped: nothing trained, measure it anyway
-                    train_metrics["rollout/logprob_mismatch_kl"] = parity_kl(
-                        run.model, [s.trajectory for s in scored], run.tokenizer.pad_token_id,
-                        cfg.asynchronous.parity_rows)
-                if producer is not None:
-                    with timer("weight_sync"):
-                        producer.push(run.model, version=step)
-                    train_metrics.update(async_metrics(producer, got, step - 1))
-                    run.pool_state = got.pool_state
-                metrics = {**rollout_metrics(tasks, scored, kept), **train_metrics}
+                with timer("weight_sync"):
+                    source.push(run.model, version=step)
+                run.pool_state = batch.pool_state
+                metrics = {**rollout_metrics(batch.scored, kept), **train_metrics,
+                           **mismatch_metric(run, batch, train_metrics, cfg), **source.metrics(batch, step - 1)}
                 if cfg.eval_every and step % cfg.eval_every == 0:
                     with timer("eval"):
                         metrics.update(periodic_eval(run, cfg))
                 run.step = step
                 run.logger.log(step, {**metrics, **timer.pop()})
                 if step % cfg.save_trajectories_every == 0:
-                    save_trajectories(run.dir, step, scored)
+                    save_trajectories(run.dir, step, batch.scored)
                 if step % cfg.checkpoint_every == 0 or step == cfg.steps:
                     checkpoint(run, cfg)
                 bar.update(job, advance=1, description=f"grpo reward {metrics['rollout/reward_mean']:.2f}")
     finally:
-        if producer is not None:
-            producer.close()
+        source.close()
     run.logger.close()
     if run.envs is not None:
         run.envs.close()
@@ -326,47 +316,53 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
                time.perf_counter(), sandbox, envs)
 
 
-def rollout(run: Run, tasks: list[Task], policy_version: int) -> list[Episode]:
+def generation(run: Run, tokenizer) -> Callable:
+    """The rollout phase as a source calls it: ``(model, tasks, version, envs, generator) ->
+    episodes`` under the run's sampling settings (``params.n`` samples per task)."""
     r = run.cfg.rollout
     params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                             n=r.samples_per_task, stop_token_ids=[run.tokenizer.eos_token_id],
                             precision=r.precision)
+
+    def generate(model, tasks: list[Task], version: int, envs: EnvPool | None, generator) -> list[Episode]:
+        return run_tasks(model, tokenizer, tasks, params, envs, generator=generator, policy_version=version,
+                         batch_size=r.batch_size)
+
+    return generate
+
+
+def rollout(run: Run, tasks: list[Task], policy_version: int) -> list[Episode]:
+    """One batch of episodes from the trainer's model, as the synchronous source makes it."""
     run.model.eval()
-    return run_tasks(run.model, run.tokenizer, tasks, params, run.envs, generator=run.generator,
-                     policy_version=policy_version, batch_size=r.batch_size)
+    return generation(run, run.tokenizer)(run.model, tasks, policy_version, run.envs, run.generator)
 
 
-def start_async_rollout(run: Run, cfg: GRPOConfig) -> AsyncRollout:
-    """The background producer (engine copy of the model) and verifier for asynchronous mode."""
-    r = cfg.rollout
-    params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                            n=r.samples_per_task, stop_token_ids=[run.tokenizer.eos_token_id],
-                            precision=r.precision)
-
-    tokenizer = copy.deepcopy(run.tokenizer)  # its own: a fast tokenizer is not safe to share across threads
-
-    def generate(engine, tasks, version, envs, generator):
-        return run_tasks(engine, tokenizer, tasks, params, envs, generator=generator,
-                         policy_version=version, batch_size=r.batch_size)
-
+def rollout_source(run: Run, cfg: GRPOConfig) -> RolloutSource:
+    """Where the loop's batches come from: the synchronous phases in this thread, or (asynchronous
+    mode) background producer and verifier threads on an engine copy of the model."""
+    verify = lambda tasks, episodes: verify_and_reward(tasks, episodes, cfg)  # noqa: E731
+    common = dict(pool=run.pool, tasks_per_step=cfg.rollout.tasks_per_step, verify=verify)
+    if not cfg.asynchronous.enabled:
+        return SyncRollout(generate=lambda tasks, version: rollout(run, tasks, version), **common)
+    # its own tokenizer: a fast tokenizer is not safe to share across threads
     return AsyncRollout(
-        run.model, cfg.asynchronous, pool=run.pool, tasks_per_step=r.tasks_per_step, start=run.step,
-        total=cfg.steps, generate=generate, verify=lambda tasks, episodes: verify_and_reward(tasks, episodes, cfg),
-        pad_token_id=run.tokenizer.pad_token_id, seed=cfg.seed,
-        make_env_pool=(lambda: EnvPool(cfg.env, run.sandbox)) if run.envs is not None else None,
+        run.model, cfg.asynchronous, generate=generation(run, copy.deepcopy(run.tokenizer)), start=run.step,
+        total=cfg.steps, pad_token_id=run.tokenizer.pad_token_id, seed=cfg.seed,
+        make_env_pool=(lambda: EnvPool(cfg.env, run.sandbox)) if run.envs is not None else None, **common,
     ).start()
 
 
-def async_metrics(producer: AsyncRollout, got: RolloutBatch, trainer_version: int) -> dict:
-    return {
-        "async/staleness": float(trainer_version - got.version),
-        "async/policy_version": float(got.version),
-        "async/dropped_stale": float(producer.dropped),
-        "async/weight_loads": float(producer.sync.loads),
-        # the engine's own parity check (same weights), replacing update()'s first-forward estimate
-        "rollout/logprob_mismatch_kl": got.mismatch_kl,
-        **got.timings,
-    }
+def mismatch_metric(run: Run, batch: RolloutBatch, train_metrics: dict, cfg: GRPOConfig) -> dict:
+    """``rollout/logprob_mismatch_kl``: the producer's own parity check when it generated on an
+    engine copy; else the update's forwards before its first step (trainer == sampling weights);
+    else (every group dropped, nothing trained) a parity forward of the trainer's model."""
+    if batch.mismatch_kl is not None:
+        return {"rollout/logprob_mismatch_kl": batch.mismatch_kl}
+    if "rollout/logprob_mismatch_kl" in train_metrics:
+        return {}
+    run.model.eval()
+    return {"rollout/logprob_mismatch_kl": parity_kl(run.model, [s.trajectory for s in batch.scored],
+                                                     run.tokenizer.pad_token_id, cfg.asynchronous.parity_rows)}
 
 
 def verify_and_reward(tasks: list[Task], episodes: list[Episode], cfg: GRPOConfig) -> list[Scored]:
@@ -455,9 +451,8 @@ def training_attention(model, precision: str):
 def off_policy_correction(run: Run, batch: Batch, kept: list[Scored], cfg: GRPOConfig) -> dict:
     """Async mode: samples generated by an older policy version get pi_old = the trainer's
     log-probs at the start of this update and per-token truncated IS weights
-    min(pi_old / pi_behaviour, C) (``truncated_is_weights``; behaviour = the engine's sampling
-    log-probs). On-policy rows keep pi_old = behaviour and weight 1. Rows of ``batch`` are ``kept``
-    in order.
+    (``rlvr.algos.off_policy``; behaviour = the engine's sampling log-probs). On-policy rows keep
+    pi_old = behaviour and weight 1. Rows of ``batch`` are ``kept`` in order.
 
     Single-pass update (one epoch, one mini-batch: the default): the loss's own forward runs at
     exactly those weights, so it supplies pi_old (``off_policy_terms``): no extra forward, only
@@ -477,37 +472,23 @@ def off_policy_correction(run: Run, batch: Batch, kept: list[Scored], cfg: GRPOC
         pi_old = torch.cat([logprobs_of(run.model, select(batch, r), cfg.algo)
                             for r in rows.split(cfg.algo.microbatch_size)])
     run.model.train(was_training)
-    mask = batch.loss_mask[rows] > 0
-    behaviour = batch.old_logprobs[rows]
-    weights = torch.where(mask, truncated_is_weights(pi_old, behaviour, cfg.asynchronous.is_cap), 1.0)
+    old, weights, metrics = correct_off_policy(pi_old, batch.old_logprobs[rows], batch.loss_mask[rows] > 0,
+                                                cfg.asynchronous.is_cap)
     batch.is_weights = torch.ones_like(batch.old_logprobs)
     batch.is_weights[rows] = weights
     batch.old_logprobs = batch.old_logprobs.clone()
-    batch.old_logprobs[rows] = torch.where(mask, pi_old, behaviour)
-    out.update({f"train/{k}": v for k, v in _off_policy_metrics(weights, pi_old, behaviour, mask,
-                                                                 cfg.asynchronous.is_cap).items()})
+    batch.old_logprobs[rows] = old
+    out.update({f"train/{k}": v for k, v in metrics.items()})
     return out
 
 
 def off_policy_terms(logprobs: torch.Tensor, micro: Batch, is_cap: float) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
     """(pi_old, IS weights or None, metrics) for the loss. Rows marked ``micro.stale`` (async,
     single-pass update) take pi_old = this forward's log-probs (the trainer's weights before its
-    step) and weights min(pi_old / pi_behaviour, C); other rows keep the batch's values."""
+    step) and truncated IS weights; other rows keep the batch's values."""
     if micro.stale is None or not bool(micro.stale.any()):
         return micro.old_logprobs, micro.is_weights, {}
-    pi_old = logprobs.detach()
-    stale = micro.stale[:, None] & (micro.loss_mask > 0)
-    weights = torch.where(stale, truncated_is_weights(pi_old, micro.old_logprobs, is_cap), 1.0)
-    return (torch.where(stale, pi_old, micro.old_logprobs), weights,
-            _off_policy_metrics(weights[stale], pi_old[stale], micro.old_logprobs[stale], None, is_cap))
-
-
-def _off_policy_metrics(weights, pi_old, behaviour, mask, is_cap: float) -> dict:
-    if mask is not None:
-        weights, pi_old, behaviour = weights[mask], pi_old[mask], behaviour[mask]
-    n = max(weights.numel(), 1)
-    return {"is_weight_mean": float(weights.sum() / n), "is_weight_capped_frac": float((weights >= is_cap).sum() / n),
-            "behaviour_kl": logprob_mismatch_kl(pi_old, behaviour, torch.ones_like(pi_old))}
+    return correct_off_policy(logprobs, micro.old_logprobs, micro.stale[:, None] & (micro.loss_mask > 0), is_cap)
 
 
 def micro_loss(model, micro: Batch, a: AlgoConfig, totals: dict, is_cap: float = 2.0) -> tuple[torch.Tensor, dict]:
@@ -532,7 +513,7 @@ def micro_loss(model, micro: Batch, a: AlgoConfig, totals: dict, is_cap: float =
 # --------------------------------------------------------------------------- bookkeeping
 
 
-def rollout_metrics(tasks: list[Task], scored: list[Scored], kept: list[Scored]) -> dict:
+def rollout_metrics(scored: list[Scored], kept: list[Scored]) -> dict:
     n = len(scored)
     out = {
         "rollout/reward_mean": sum(s.reward for s in scored) / n,

@@ -27,7 +27,7 @@ from rlvr.model.tokenizer import encode_chat_prompt, encode_completion
 from rlvr.monitor.metrics import MetricsLogger
 from rlvr.tasks.base import generate_tasks
 from rlvr.train.allocator import keep_freed_memory
-from rlvr.train.batching import pad_right
+from rlvr.model.inputs import pad_right
 from rlvr.train.common import OptimConfig, build_optimizer, clip_and_step, prepare_run_dir, seed_everything
 from rlvr.envs.base import EnvConfig, play
 from rlvr.envs.tokens import conversation_ids
