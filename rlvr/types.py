@@ -43,7 +43,10 @@ class Task:
     ``reference`` a reference assistant response (the SFT demonstration; ``None`` if there is
     none); ``env`` the environment the task runs in (``ENVS``; ``single_turn``: one answer judged
     by the spec's verifier); ``actions`` a scripted expert's assistant turns for a multi-turn
-    environment (SFT plays them). ``meta`` holds anything else (e.g. the ``source`` file).
+    environment (SFT plays them); ``reveals`` the ``(domain, key)`` of other problems whose
+    result ``reference`` states (a ``code.debug`` fix is a ``code.gen`` solution), which the
+    disjointness check counts as seen in training. ``meta`` holds anything else (e.g. the
+    ``source`` file).
     """
 
     id: str
@@ -56,6 +59,7 @@ class Task:
     reference: str | None = None
     env: str = SINGLE_TURN
     actions: tuple[str, ...] = ()
+    reveals: tuple[tuple[str, str], ...] = ()
 
     @property
     def multi_turn(self) -> bool:
@@ -78,11 +82,19 @@ class Task:
             prompt=tuple(dict(m) for m in d["prompt"]),
             spec=Spec(kind=d["spec"]["kind"], payload=dict(d["spec"].get("payload", {}))),
             meta=meta,
-            **{k: tuple(v) if k == "actions" else v for k, v in typed.items()},
+            **{k: _tuple_of(k, v) for k, v in typed.items()},
         )
 
 
-TASK_FIELDS = ("key", "reference", "env", "actions")  # typed fields an older file keeps in ``meta``
+TASK_FIELDS = ("key", "reference", "env", "actions", "reveals")  # an older file keeps them in ``meta``
+
+
+def _tuple_of(name: str, value: Any) -> Any:
+    if name == "actions":
+        return tuple(value)
+    if name == "reveals":
+        return tuple(tuple(pair) for pair in value)
+    return value
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import pytest
 
 from rlvr.sandbox import Job, Limits, Sandbox, choose, plaindata
 from rlvr.tasks import check_disjoint, generate_tasks
+from rlvr.tasks.base import DOMAINS as REGISTRY
 from rlvr.tasks.base import seeded_rng
 from rlvr.tasks.code_funcs import LEVELS, mutate, sample_func
 
@@ -56,7 +57,7 @@ def test_generation_is_deterministic_versioned_and_split(domain):
     a = generate_tasks(domain, "train", 40, seed=3)
     b = generate_tasks(domain, "train", 40, seed=3)
     assert [t.to_dict() for t in a] == [t.to_dict() for t in b]
-    assert all(t.id.startswith(f"{domain}/v1/train/") for t in a)
+    assert all(t.id.startswith(f"{domain}/{REGISTRY.get(domain).version}/train/") for t in a)
     assert {t.level for t in a} == {1, 2, 3, 4}
     ev = generate_tasks(domain, "eval", 40, seed=3)
     check_disjoint(generate_tasks(domain, "train", 400, seed=3), ev)
@@ -64,6 +65,32 @@ def test_generation_is_deterministic_versioned_and_split(domain):
         p = t.spec.payload
         assert t.spec.kind == "code" and p["entry_point"] in t.reference
         assert len(plaindata.decode(p["inputs"])) == len(plaindata.decode(p["expected"])) == 8
+
+
+def test_code_debug_training_never_shows_an_eval_code_gen_solution():
+    # A code.debug reference is the correct function: a code.gen solution. Train tasks reveal only
+    # train code.gen keys, and the disjointness check sees a task that would reveal an eval one.
+    from rlvr.tasks.base import overlap, split_of
+    from rlvr.types import Task
+
+    train = generate_tasks("code.debug", "train", 300, seed=0)
+    assert all(d == "code.gen" and split_of(d, k) == "train" for t in train for d, k in t.reveals)
+    gen_eval = generate_tasks("code.gen", "eval", 300, seed=0)
+    assert overlap(train, gen_eval) == []
+    domain, rng = REGISTRY.get("code.debug"), seeded_rng("leak")
+    eval_keys = {t.key for t in gen_eval}
+    for _ in range(5000):  # drawn without the split rule: some fix is an eval code.gen solution
+        p = domain.sample(1, rng)
+        if p.reveals[0][1] in eval_keys:
+            break
+    else:
+        raise AssertionError("no code.debug problem revealing an eval code.gen key was found")
+    leaky = Task(id="code.debug/v2/train/1/999999", domain="code.debug", level=1,
+                 prompt=({"role": "user", "content": p.prompt},), spec=p.spec, key=p.key,
+                 reference=p.reference, reveals=p.reveals)
+    assert overlap(train + [leaky], gen_eval) == [p.reveals[0]]
+    with pytest.raises(ValueError, match="in both train and eval"):
+        check_disjoint([leaky], gen_eval)
 
 
 def test_prompts_are_pinned():

@@ -58,3 +58,34 @@ def test_a_stage_device_this_machine_lacks_stops_the_quickstart_before_pretraini
     with pytest.raises(ConfigError, match="config key 'grpo.device'"):
         run_quickstart(cfg)
     assert not (tmp_path / "q" / "pretrain").exists()
+
+
+def test_eval_disjointness_is_checked_not_asserted():
+    from rlvr.errors import UserError
+    from rlvr.tasks.base import generate_tasks
+    from rlvr.train.quickstart import eval_disjointness
+
+    train = generate_tasks(["math.arith", "code.gen"], "train", 60, seed=0)
+    held_out = generate_tasks(["math.arith", "code.gen"], "eval", 20, seed=0)
+    assert eval_disjointness(train, held_out) == {"disjoint_from_training": True, "train_tasks_checked": 60,
+                                                  "eval_tasks_seen_in_training": 0}
+    leaked = held_out[:5] + [train[7]]  # one eval task that is also trained on
+    with pytest.raises(UserError, match=r"1 of 6 eval tasks are also trained on"):
+        eval_disjointness(train, leaked)
+
+
+def test_a_leaked_eval_task_stops_the_quickstart_before_any_eval(tmp_path, monkeypatch):
+    import rlvr.train.quickstart as qs
+    from rlvr.errors import UserError
+
+    real = qs.generate_tasks
+
+    def leaky(domains, split, n, seed, levels=None, weights=None):
+        tasks = real(domains, split, n, seed, levels, weights)
+        return tasks[:-1] + real(domains, "train", 1, 0, levels) if split == "eval" else tasks  # SFT seed 0
+
+    monkeypatch.setattr(qs, "generate_tasks", leaky)
+    cfg = load_config(QuickstartConfig, None, TOY + [f"out={tmp_path}/qs"])
+    with pytest.raises(UserError, match="eval tasks are also trained on"):
+        run_quickstart(cfg)
+    assert not (tmp_path / "qs" / "eval").exists()

@@ -131,6 +131,7 @@ class Domain:
             reference=p.reference,
             env=self.env,
             actions=p.actions,
+            reveals=p.reveals,
         )
 
     def corpus(self, seed: int, n_docs: int) -> list[str]:
@@ -210,9 +211,22 @@ def weighted_counts(n: int, weights: list[float]) -> list[int]:
     return counts
 
 
+def seen_in(task: Task) -> set[tuple[str, str]]:
+    """The ``(domain, key)`` problems a model trained on ``task`` has seen solved: its own (a task
+    without a key counts by its id) and the ones its reference reveals."""
+    return {(task.domain, task.key or task.id), *task.reveals}
+
+
+def overlap(train: list[Task], eval: list[Task]) -> list[tuple[str, str]]:
+    """``(domain, key)`` of the eval tasks that a train task is or reveals, in eval order."""
+    seen = set().union(*(seen_in(t) for t in train)) if train else set()
+    return [(t.domain, t.key or t.id) for t in eval if (t.domain, t.key or t.id) in seen]
+
+
 def check_disjoint(train: list[Task], eval: list[Task]) -> None:
-    """Raise ``ValueError`` naming a (domain, key) present in both lists."""
-    train_keys = {(t.domain, t.key) for t in train}
-    for t in eval:
-        if (t.domain, t.key) in train_keys:
-            raise ValueError(f"task key {t.key!r} of {t.domain} is in both train and eval")
+    """Raise ``ValueError`` naming an eval problem that a train task is or reveals."""
+    leaked = overlap(train, eval)
+    if leaked:
+        domain, key = leaked[0]
+        raise ValueError(f"task key {key!r} of {domain} is in both train and eval "
+                         f"({len(leaked)} eval task(s) seen in training)")

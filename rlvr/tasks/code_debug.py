@@ -11,7 +11,9 @@ The bug is one constant off by one or one operator/comparison swapped (``code_fu
 and the failing test is real: the buggy function's output on an input where it differs from the
 reference (both are our own generated code, evaluated in-process; model output never is). The
 reward is the same hidden-test check as ``code.gen``, whose hidden inputs here also include one
-the unchanged buggy function fails. Levels follow ``code_funcs``.
+the unchanged buggy function fails. Levels follow ``code_funcs``. The fix is a ``code.gen``
+solution, so a problem ``reveals`` that function's ``code.gen`` key: a train problem never shows
+the solution of an eval ``code.gen`` task.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ NAME = "code.debug"
 
 class CodeDebugDomain(Domain):
     name = NAME
-    version = "v1"
+    version = "v2"  # v2: train problems that reveal an eval code.gen solution are drawn again
     levels = (1, 2, 3, 4)
     needs_sandbox = True
 
@@ -49,7 +51,7 @@ class CodeDebugDomain(Domain):
                   f"{func.call(shown)} returned {buggy.fn(*shown)!r}, expected {func.fn(*shown)!r}. "
                   "Fix it.")
         return Problem(key=buggy.key, prompt=prompt, spec=io_spec(func, hidden),
-                       reference=fence(func.source))
+                       reference=fence(func.source), reveals=(("code.gen", func.key),))
 
     def corpus_text(self, problem: Problem, rng: random.Random) -> str:
         return problem.reference.removeprefix("```python\n").removesuffix("```")  # code only

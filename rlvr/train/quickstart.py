@@ -26,10 +26,13 @@ from rlvr.model.load import load_model_and_tokenizer
 from rlvr.monitor.metrics import read_metrics
 from rlvr.sandbox.config import SandboxConfig, shared_sandbox
 from rlvr.tasks.base import DOMAINS as DOMAIN_REGISTRY
-from rlvr.tasks.base import check_disjoint, generate_tasks
+from rlvr.errors import UserError
+from rlvr.tasks.base import generate_tasks, overlap
+from rlvr.tasks.files import load_task_file
 from rlvr.train.grpo import GRPOConfig, RolloutConfig, run_grpo
 from rlvr.train.pretrain import PretrainConfig, run_pretrain
 from rlvr.train.sft import SFTConfig, run_sft
+from rlvr.types import Task
 
 DOMAINS = ["math.arith", "math.word", "code.gen"]
 MAX_NEW_TOKENS = 64  # the longest code.gen reference is about 48 tokens
@@ -103,8 +106,7 @@ def run_quickstart(cfg: QuickstartConfig, *, resume: bool = False, console: Cons
 
     eval_tasks = generate_tasks(cfg.eval.domains, "eval", cfg.eval.tasks, seed=cfg.eval.seed, levels=cfg.eval.levels)
     grpo = dataclasses.replace(cfg.grpo, model=str(out / "sft/final"), out=str(out / "grpo"))
-    for name, c in (("sft", sft), ("grpo", grpo)):
-        check_disjoint(generate_tasks(c.domains, "train", c.train_tasks, seed=c.seed, levels=c.levels), eval_tasks)
+    disjointness = eval_disjointness(training_tasks(sft, grpo), eval_tasks)
 
     def run_eval(model_dir: Path, name: str) -> dict:
         model, tokenizer = load_model_and_tokenizer(str(model_dir), device=eval_device)
@@ -117,7 +119,7 @@ def run_quickstart(cfg: QuickstartConfig, *, resume: bool = False, console: Cons
     stage("grpo", lambda: run_grpo(grpo, resume=resume))
     rl_eval = stage("eval_rl", lambda: run_eval(out / "grpo/final", "rl"))
 
-    report = build_report(sft_eval, rl_eval, seconds, len(eval_tasks))
+    report = build_report(sft_eval, rl_eval, seconds, len(eval_tasks), disjointness)
     (out / "report.json").write_text(json.dumps(report, indent=2))
     plots.reward_curve(read_metrics(out / "grpo"), out / "plots" / "reward_curve.png")
     plots.before_after(report["domains"], out / "plots" / "eval_before_after.png")
@@ -125,7 +127,29 @@ def run_quickstart(cfg: QuickstartConfig, *, resume: bool = False, console: Cons
     return report
 
 
-def build_report(sft_eval: dict, rl_eval: dict, seconds: dict, n_eval: int) -> dict:
+def training_tasks(sft: SFTConfig, grpo: GRPOConfig) -> list[Task]:
+    """Every task the SFT and GRPO stages train on (generated train split and GRPO's task files)."""
+    tasks = [t for c in (sft, grpo)
+             for t in generate_tasks(c.domains, "train", c.train_tasks, seed=c.seed, levels=c.levels)]
+    for path in grpo.task_files:
+        tasks += load_task_file(path, check_solutions=False)[0]
+    return tasks
+
+
+def eval_disjointness(train: list[Task], eval_tasks: list[Task]) -> dict:
+    """The eval set checked against everything trained on (``rlvr.tasks.base.overlap``: the same
+    problem, or one a train reference reveals). A leak stops the run (``UserError`` naming the
+    first leaked problems); otherwise the record ``report.json`` keeps."""
+    leaked = overlap(train, eval_tasks)
+    if leaked:
+        shown = ", ".join(f"{d} {k!r}" for d, k in leaked[:3])
+        raise UserError(f"{len(leaked)} of {len(eval_tasks)} eval tasks are also trained on ({shown}): "
+                        "the held-out numbers would not be held out")
+    return {"disjoint_from_training": not leaked, "train_tasks_checked": len(train),
+            "eval_tasks_seen_in_training": len(leaked)}
+
+
+def build_report(sft_eval: dict, rl_eval: dict, seconds: dict, n_eval: int, disjointness: dict) -> dict:
     domains = {
         d: {"sft_pass@1": sft_eval["by_domain"][d]["pass@1"], "rl_pass@1": rl_eval["by_domain"][d]["pass@1"],
             "delta_points": round(100 * (rl_eval["by_domain"][d]["pass@1"] - sft_eval["by_domain"][d]["pass@1"]), 1),
@@ -136,7 +160,7 @@ def build_report(sft_eval: dict, rl_eval: dict, seconds: dict, n_eval: int) -> d
                "sft_pass@1_ci95": sft_eval["overall"]["pass@1_ci95"], "rl_pass@1_ci95": rl_eval["overall"]["pass@1_ci95"]}
     overall["delta_points"] = round(100 * (overall["rl_pass@1"] - overall["sft_pass@1"]), 1)
     return {
-        "eval": {"split": "eval", "tasks": n_eval, "decoding": "greedy", "disjoint_from_training": True},
+        "eval": {"split": "eval", "tasks": n_eval, "decoding": "greedy", **disjointness},
         "overall": overall,
         "domains": domains,
         "stage_seconds": seconds,
