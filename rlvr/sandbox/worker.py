@@ -260,15 +260,28 @@ class Worker:
         os.execve(path, argv, env)
 
     def _collect(self, pid: int, pipes: dict, limits: dict, t0: float) -> dict:
-        deadline = t0 + float(limits["wall_s"])
+        """Read the run's output until it exits, times out or writes too much; reap it."""
         keep = limits["output_kb"] * 1024
-        kill_at = limits["output_kill_mb"] << 20
         caps = {pipes["out"][0]: Capture(keep), pipes["err"][0]: Capture(keep),
                 pipes["rep"][0]: Capture(REPORT_MAX, tail=0)}
+        pidfd = _pidfd(pid)
+        status, exited_at = self._drain(pid, pidfd, caps, pipes, t0 + float(limits["wall_s"]),
+                                        limits["output_kill_mb"] << 20)
+        if status != "ok" or exited_at is None:
+            _kill(pid)
+        if not self.plan.pid_namespace:
+            _killpg(pid)
+        _, wstatus, usage = os.wait4(pid, 0)
+        for fd in list(caps) + ([pidfd] if pidfd is not None else []):
+            os.close(fd)
+        return _result(status, wstatus, usage, caps[pipes["out"][0]], caps[pipes["err"][0]], caps[pipes["rep"][0]])
+
+    def _drain(self, pid: int, pidfd: int | None, caps: dict, pipes: dict, deadline: float,
+               kill_at: int) -> tuple[str, float | None]:
+        """Poll the pipes (and the pidfd) into ``caps``: (status, when the process exited or None)."""
         poller = select.poll()
         for fd in caps:
             poller.register(fd, select.POLLIN)
-        pidfd = _pidfd(pid)
         if pidfd is not None:
             poller.register(pidfd, select.POLLIN)
         open_fds, status, exited_at = set(caps), "ok", None
@@ -298,30 +311,7 @@ class Worker:
                     status = "output_limit"
                     open_fds.clear()
                     break
-        if status != "ok" or exited_at is None:
-            _kill(pid)
-        if not self.plan.pid_namespace:
-            _killpg(pid)
-        _, wstatus, usage = os.wait4(pid, 0)
-        for fd in list(caps) + ([pidfd] if pidfd is not None else []):
-            os.close(fd)
-        out_cap, err_cap = caps[pipes["out"][0]], caps[pipes["err"][0]]
-        stderr = err_cap.text()
-        exit_code = os.waitstatus_to_exitcode(wstatus)
-        result = {
-            "status": status, "exit_code": exit_code if exit_code >= 0 else None,
-            "signal": -exit_code if exit_code < 0 else None,
-            "stdout": out_cap.text(), "stderr": stderr,
-            "output_bytes": out_cap.total + err_cap.total,
-            "truncated": out_cap.truncated or err_cap.truncated,
-            "report": bytes(caps[pipes["rep"][0]].head).decode("utf-8", "replace"),
-            "cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_kb": usage.ru_maxrss, "error": "",
-        }
-        if status == "ok" and exit_code == 70 and stderr.startswith(SETUP_FAILED):
-            result.update(status="error", error=stderr.splitlines()[0])
-        elif status == "ok" and exit_code < 0:
-            result["status"] = "killed"
-        return result
+        return status, exited_at
 
     def serve(self) -> None:
         while True:
@@ -392,6 +382,26 @@ def _relay_into_new_pid_namespace() -> None:
         return
     _, status = os.waitpid(pid, 0)
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 128 + 9)
+
+
+def _result(status: str, wstatus: int, usage, out_cap: Capture, err_cap: Capture, rep_cap: Capture) -> dict:
+    """The worker's reply for one reaped run."""
+    stderr = err_cap.text()
+    exit_code = os.waitstatus_to_exitcode(wstatus)
+    result = {
+        "status": status, "exit_code": exit_code if exit_code >= 0 else None,
+        "signal": -exit_code if exit_code < 0 else None,
+        "stdout": out_cap.text(), "stderr": stderr,
+        "output_bytes": out_cap.total + err_cap.total,
+        "truncated": out_cap.truncated or err_cap.truncated,
+        "report": bytes(rep_cap.head).decode("utf-8", "replace"),
+        "cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_kb": usage.ru_maxrss, "error": "",
+    }
+    if status == "ok" and exit_code == 70 and stderr.startswith(SETUP_FAILED):
+        result.update(status="error", error=stderr.splitlines()[0])
+    elif status == "ok" and exit_code < 0:
+        result["status"] = "killed"
+    return result
 
 
 def _pidfd(pid: int) -> int | None:
