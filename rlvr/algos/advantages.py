@@ -11,7 +11,9 @@ Estimators that do not use ``eps`` accept and ignore it, so callers never branch
 A sample in a group of size 1 gets advantage 0 from every estimator (it has no baseline).
 
 This module does not broadcast advantages to tokens, drop zero-variance groups or touch the
-batch: ``group_has_variance`` returns the mask and the trainer decides what to refill.
+batch: ``group_has_variance`` returns the mask, and the trainer (``rlvr/train/grpo.py:
+compute_advantages``) drops the samples of groups without variance when
+``algo.drop_zero_variance`` is on. Nothing refills the batch: a step trains on the samples left.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
 """Reward shaping and loss weights that correct for how samples were produced.
 
 - ``overlong_penalty``: DAPO's soft punishment for responses near or past the length limit,
-  added to the reward of each sample.
+  added to the reward of each sample (``reward.overlong=soft`` in ``rlvr/rewards.py``).
 - ``truncated_is_weights``: per-token importance weights for off-policy (asynchronous) rollouts,
   passed to the policy loss as ``is_weights``.
 
 Pure tensor functions; this module does not decide whether a sample was truncated (that is the
-trajectory's ``finish_reason``) nor mask truncated samples out of the loss (the trainer does).
+trajectory's ``finish_reason``). Nothing in rlvr masks truncated samples out of the loss (DAPO's
+overlong filtering is not implemented): a truncated sample is handled only through its reward,
+by this soft penalty or by the fixed penalty of ``reward.overlong=truncated`` (``rlvr/rewards.py``).
 """
 
 from __future__ import annotations
