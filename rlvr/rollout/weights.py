@@ -15,7 +15,7 @@ A mismatch (a load that did not happen, the wrong version loaded, a partial load
 ``StaleWeightsError`` naming both versions. ``pull`` also checks the version it ends up serving
 is the one it was handed.
 
-In-process today (a copy in memory); the same contract holds for a remote engine (vLLM/Ray):
+In-process (a copy in memory). No remote engine exists yet; one would keep the same contract:
 push = broadcast + version, pull = load + canary, compared against the trainer's probe.
 """
 
@@ -25,7 +25,7 @@ import threading
 
 import torch
 
-from rlvr.rollout.engine import sequence_logprobs
+from rlvr.model.logprobs import sequence_logprobs
 
 
 class StaleWeightsError(RuntimeError):
