@@ -2,7 +2,7 @@
 
     python benchmarks/quickstart_stages.py [--out runs/bench/quickstart] [--json PATH] [--set k=v ...]
 
-The baseline is the SFT model, measured in the same run on the same 500 held-out tasks; the
+The baseline is the SFT model, measured in the same run on the same held-out tasks (600 with the quickstart's defaults); the
 ratio is GRPO pass@1 / SFT pass@1. Pretraining is forced (no cache) so its time is measured.
 Prints a table and the idle CPU seen at the start (other load slows a run several-fold).
 """
