@@ -152,7 +152,7 @@ def test_producer_errors_reach_the_trainer(tiny_model_dir):
 
 def test_is_weights_apply_to_stale_samples_and_are_one_on_policy(tiny_model_dir):
     from rlvr.algos.penalties import truncated_is_weights
-    from rlvr.rollout.engine import sequence_logprobs
+    from rlvr.model.logprobs import sequence_logprobs
     from rlvr.train.batching import collate
     from rlvr.train.grpo import GRPOConfig, micro_loss, off_policy_correction
 

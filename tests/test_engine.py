@@ -12,10 +12,13 @@ import math
 import pytest
 import torch
 
+from rlvr.model.logprobs import sequence_logprobs
 from rlvr.model.tiny import TinyModelConfig, build_tiny_model
 from rlvr.model.tokenizer import train_tokenizer
-from rlvr.rollout import decoder
-from rlvr.rollout.engine import SamplingParams, generate, sequence_logprobs, top_p_filter
+from rlvr.rollout import decoder, gemm
+from rlvr.rollout.engine import SamplingParams, generate
+from rlvr.rollout.kv_cache import DecodeState, KVPrefix
+from rlvr.rollout.sampling import top_p_filter
 from rlvr.model.inputs import pad_right
 
 CFG = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
@@ -227,7 +230,7 @@ def test_fast_equals_hf_path_with_n_and_rows_finishing_at_different_steps(model,
     # a token that some (not all) prompts emit: rows stop at different steps
     stop = next(t for t in free[1].token_ids[1:] if 0 < counts[t] < len(prompts))
     params = SamplingParams(max_new_tokens=12, temperature=0.0, n=3, stop_token_ids=(stop,))
-    compactions = _count_calls(monkeypatch, decoder.DecodeState, "compact")
+    compactions = _count_calls(monkeypatch, DecodeState, "compact")
     fast = generate(model, prompts, params, pad_token_id=PAD, backend="fast")
     hf = generate(model, prompts, params, pad_token_id=PAD, backend="hf")
     assert [(c.token_ids, c.finish_reason) for c in fast] == [(c.token_ids, c.finish_reason) for c in hf]
@@ -402,7 +405,7 @@ def test_compaction_policy_does_not_change_results(model, prompts, monkeypatch, 
     """Finished rows either leave at once or stay (masked out of the results) until the end."""
     free = generate(model, prompts, greedy_params(10), pad_token_id=PAD)
     stop = free[2].token_ids[1]
-    monkeypatch.setattr(decoder.DecodeState, "worth_compacting", lambda self, alive, remaining: policy)
+    monkeypatch.setattr(DecodeState, "worth_compacting", lambda self, alive, remaining: policy)
     params = SamplingParams(max_new_tokens=10, temperature=0.0, n=2, stop_token_ids=(stop,))
     got = generate(model, prompts, params, pad_token_id=PAD, backend="fast")
     expected = [reference_greedy(model, prompts[c.prompt_index], 10, {stop}) for c in got]
@@ -410,16 +413,15 @@ def test_compaction_policy_does_not_change_results(model, prompts, monkeypatch, 
     assert any(c.finish_reason == "stop" for c in got) and any(c.finish_reason == "length" for c in got)
 
 
-def test_static_step_matches_the_eager_step(model, prompts, monkeypatch):
+def test_static_step_matches_the_eager_step(model, prompts):
     """The capturable step of the CUDA-graph path (whole-cache attention under the mask, K/V
     written at a column held in a tensor), run eagerly on CPU, equals the eager step, compaction
     included. (Prompts are not shared, as with CUDA graphs: the static step reads every row's
     prompt columns.)"""
-    monkeypatch.setattr(decoder, "SHARE_PROMPTS", False)
     with torch.inference_mode():
         f = decoder.FastLlama(model)
         rows = torch.tensor([0, 0, 1, 2, 2, 3])
-        states = [f.start(6, 9 + 6) for _ in range(2)]
+        states = [f.start(6, 9 + 6, share_prompts=False) for _ in range(2)]
         for st in states:
             for buf in st.k + st.v:
                 buf.zero_()
@@ -438,7 +440,7 @@ def test_static_step_matches_the_eager_step(model, prompts, monkeypatch):
 
 
 @pytest.mark.parametrize("rows", [[0, 0, 1, 1, 2, 2, 3, 3], [0, 0, 0, 1, 2, 2, 3, 3]], ids=["full", "ragged"])
-def test_shared_prompt_attention_equals_per_row_attention(model, prompts, monkeypatch, rows):
+def test_shared_prompt_attention_equals_per_row_attention(model, prompts, rows):
     """A CPU decode step that reads each prompt's K/V once for all its rows (stacked queries)
     gives the logits of the step that reads every row's own copy: groups full or ragged (empty
     grid cells), GQA, and a compaction that empties one prompt's group and thins another."""
@@ -447,8 +449,7 @@ def test_shared_prompt_attention_equals_per_row_attention(model, prompts, monkey
         f = decoder.FastLlama(model)
         states = []
         for share in (True, False):
-            monkeypatch.setattr(decoder, "SHARE_PROMPTS", share)
-            st = f.start(len(rows), 9 + 6)
+            st = f.start(len(rows), 9 + 6, share_prompts=share)
             first = st.prefill(prompts, rows_t, PAD)
             states.append(st)
         assert states[0].shared is not None and states[1].shared is None
@@ -503,7 +504,7 @@ def test_past_prefix_continues_as_if_the_whole_prompt_ran(model, prompts):
         assert c.cache is not None and c.cache.length == len(prompts[c.prompt_index]) + len(c.token_ids) - 1
         past.append(None if i == 2 else c.cache)
     short = past[5]
-    past[5] = decoder.KVPrefix([k[:, :2] for k in short.k], [v[:, :2] for v in short.v])  # only 2 tokens cached
+    past[5] = KVPrefix([k[:, :2] for k in short.k], [v[:, :2] for v in short.v])  # only 2 tokens cached
     runs = [generate(model, nxt, params, pad_token_id=PAD, backend="fast", past=p,
                      generator=torch.Generator().manual_seed(3)) for p in (past, None)]
     for a, b in zip(*runs):
@@ -517,7 +518,7 @@ def test_completion_cache_equals_a_fresh_prefill(model, prompts, monkeypatch):
     rows moved by compaction (their prompt's K/V come from the shared copy); the HF path returns
     none."""
     params = SamplingParams(max_new_tokens=6, temperature=1.0, n=3, stop_token_ids=tuple(range(10, 60)))
-    compactions = _count_calls(monkeypatch, decoder.DecodeState, "compact")
+    compactions = _count_calls(monkeypatch, DecodeState, "compact")
     out = generate(model, prompts, params, pad_token_id=PAD, backend="fast", keep_cache=True,
                    generator=torch.Generator().manual_seed(0))
     assert compactions and {c.finish_reason for c in out} == {"stop", "length"}
@@ -621,14 +622,16 @@ def test_onednn_packed_weights_equal_the_plain_gemms(model, prompts, monkeypatch
     shapes); the plain-matrix path (MKL GEMMs) samples the same tokens with the same log-probs, up
     to float summation order, through prefill, decode steps, early stops and compaction. (bf16
     GEMMs on packed weights: the autocast MLP test and the bf16 sampling tests above.)"""
-    if not decoder.onednn_linear_available():
+    if not gemm.onednn_linear_available():
         pytest.skip("this torch build or CPU has no oneDNN packed linear")
     params = SamplingParams(max_new_tokens=8, temperature=1.0, n=3, stop_token_ids=tuple(range(10, 40)))
     runs = {}
+    available = gemm.onednn_linear_available
     for packed in (True, False):
-        monkeypatch.setattr(decoder, "ONEDNN_LINEAR", packed)
+        if not packed:  # the plain-matrix path, as on a torch without oneDNN
+            monkeypatch.setattr(gemm, "onednn_linear_available", lambda dtype=torch.float32: False)
         assert decoder.FastLlama(model).packed is packed
-        assert decoder.FastLlama(model, torch.bfloat16).packed is (packed and decoder.onednn_linear_available(torch.bfloat16))
+        assert decoder.FastLlama(model, torch.bfloat16).packed is (packed and available(torch.bfloat16))
         runs[packed] = generate(model, prompts, params, pad_token_id=PAD, backend="fast",
                                 generator=torch.Generator().manual_seed(0))
     assert {c.finish_reason for c in runs[True]} == {"stop", "length"}

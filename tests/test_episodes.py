@@ -12,7 +12,8 @@ from rlvr.envs.tools import Tool, ToolCallError, parse_tool_call
 from rlvr.tool_calls import format_call
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.model.tokenizer import encode_chat_prompt
-from rlvr.rollout.engine import Completion, SamplingParams, sequence_logprobs
+from rlvr.model.logprobs import sequence_logprobs
+from rlvr.rollout.engine import Completion, SamplingParams
 from rlvr.rollout.episodes import EnvPool, collect_episodes, run_tasks
 from rlvr.verifiers.judge import judge
 from rlvr.types import EpisodeInfo, Spec, Task, Verdict

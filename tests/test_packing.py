@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlvr.algos.losses import POLICY_LOSSES
-from rlvr.rollout.engine import sequence_logprobs
+from rlvr.model.logprobs import sequence_logprobs
 from rlvr.train.batching import collate
 from rlvr.train.packing import first_fit_decreasing, pack, packed_logprobs, padding_stats, shared_prompts
 from rlvr.types import Trajectory

@@ -39,7 +39,7 @@ import torch
 
 from rlvr.algos.kl import logprob_mismatch_kl
 from rlvr.config import check_range
-from rlvr.rollout.engine import sequence_logprobs
+from rlvr.model.logprobs import sequence_logprobs
 from rlvr.rollout.source import RolloutBatch
 from rlvr.rollout.weights import WeightSync
 from rlvr.model.inputs import pad_right

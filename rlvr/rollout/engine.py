@@ -7,40 +7,41 @@ What it does:
   Rows that finish leave the batch (the cache, mask and positions are compacted, at once or when
   worth it), so finished rows cannot affect the others.
 - Two backends behind one loop: rlvr's own decoder for Llama-layout models
-  (``rollout/decoder.py``: preallocated cache, fused weights, CUDA graphs on GPU; the default
-  when the model fits) and the Hugging Face forward with its ``DynamicCache`` (any causal LM).
+  (``rollout/decoder.py`` and ``rollout/kv_cache.py``: preallocated cache, fused weights, CUDA
+  graphs on GPU; the default when the model fits) and the Hugging Face forward with its
+  ``DynamicCache`` (any causal LM; ``rollout/hf_backend.py``). Sampling: ``rollout/sampling.py``.
 - A completion ends on a stop token (``stop_token_ids``, default the model's EOS), on a stop
   string (``stop``; the token whose decoded text completes one is kept), or at
   ``max_new_tokens``.
 - It records, for every generated token, ``log pi(token)`` under the *unmodified* policy, i.e.
   ``log_softmax(logits)`` at temperature 1 without top-p truncation, whatever temperature/top-p
-  was used to sample. That is the ``pi_old`` of the PPO ratio; it matches ``sequence_logprobs``
-  on the same tokens (up to float error).
+  was used to sample. That is the ``pi_old`` of the PPO ratio; it matches
+  ``rlvr.model.logprobs.sequence_logprobs`` (the training-side forward) on the same tokens (up to
+  float error).
 - Prefix reuse (fast decoder): ``keep_cache=True`` returns with each completion the K/V of its
   prompt and its tokens but the last (``Completion.cache``, a ``KVPrefix``); passing it back as
   ``past`` for a prompt that starts with those tokens (the next turn of an episode) runs only the
   new tokens. The Hugging Face path ignores ``past`` and returns no cache.
-- ``sequence_logprobs`` is the training-side counterpart: per-token log-probs of given sequences,
-  with gradients.
 
 What it does not do: tokenisation, chat templates, multi-turn tool loops or trajectory bookkeeping
-(``rlvr/rollout/collect.py``), and no paged attention or continuous batching (the vLLM adapter is
-the fast path on big GPUs). Sampling is reproducible for a fixed ``generator`` and the same batch
-composition; a different ``batch_size`` draws different random numbers. See docs/rollout.md.
+(``rlvr/rollout/collect.py``), and no paged attention or continuous batching. Sampling is
+reproducible for a fixed ``generator`` and the same batch composition; a different
+``batch_size`` draws different random numbers. See docs/rollout.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 
-from rlvr.rollout.decoder import FastLlama, KVPrefix, unsupported_reason
+from rlvr.rollout.decoder import FastLlama, unsupported_reason
+from rlvr.rollout.hf_backend import HFState
+from rlvr.rollout.kv_cache import DecodeState, KVPrefix
+from rlvr.rollout.sampling import sample, token_logprob
 
 PRECISIONS = {"model": None, "bf16": torch.bfloat16}  # name -> GEMM dtype (None: the model's)
 
@@ -64,10 +65,9 @@ class SamplingParams:
     kept). Needs ``generate(..., tokenizer=...)``."""
     precision: str = "model"
     """``"model"``: compute in the model's dtype. ``"bf16"``: matrix multiplies in bfloat16, the
-    rest (norms, attention, KV cache, logits, sampling) in the model's dtype; on a CPU with bf16
-    GEMMs (AVX512-BF16/AMX) the fast decoder ran 1.3-1.4x faster, at bf16 rounding of the logprobs
-    (``rollout/logprob_mismatch_kl`` shows it). The Hugging Face backend runs under
-    ``torch.autocast`` instead."""
+    rest (norms, attention, KV cache, logits, sampling) in the model's dtype, at bf16 rounding of
+    the logprobs (``rollout/logprob_mismatch_kl`` shows it; speed: docs/rollout.md, "Precision").
+    The Hugging Face backend runs under ``torch.autocast`` instead."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -116,43 +116,13 @@ def _model_stop_ids(model: torch.nn.Module) -> tuple[int, ...]:
     raise ValueError("the model has no eos_token_id; pass SamplingParams(stop_token_ids=...)")
 
 
-def _cache_kwarg(model: torch.nn.Module) -> str:
-    """Name of the KV-cache argument of ``model.forward``: ``cache`` in recent transformers,
-    ``past_key_values`` before (still accepted, with a deprecation warning)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Set to -inf every logit outside the nucleus: the smallest set of most likely tokens whose
-    probability reaches ``top_p`` (the most likely token is always kept). ``logits``: [B, V]."""
-    if top_p >= 1.0:
-        return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    probs = sorted_logits.softmax(dim=-1)
-    # mass strictly before each token: a token is in the nucleus if that mass is still < top_p
-    before = probs.cumsum(dim=-1) - probs
-    drop_sorted = before >= top_p
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
-
-
-def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
-    """Next token per row from float32 logits [B, V] -> [B]."""
-    if params.temperature == 0:
-        return logits.argmax(dim=-1)
-    scaled = logits if params.temperature == 1 else logits / params.temperature
-    scaled = top_p_filter(scaled, params.top_p)
-    # Inverse-CDF sampling: one uniform per row (torch.multinomial draws one exponential per
-    # vocabulary entry, ~8x slower here). A token of probability 0 is never picked: its CDF step
-    # is empty.
-    cdf = scaled.softmax(dim=-1).cumsum(dim=-1)
-    # The uniforms come from ``generator``'s device (a CPU generator also drives a GPU engine).
-    at = generator.device if generator is not None else cdf.device
-    u = torch.rand((cdf.shape[0], 1), generator=generator, device=at, dtype=cdf.dtype)
-    if u.device != cdf.device:  # pinned, so the copy to the GPU does not wait for the GPU to drain
-        u = u.pin_memory().to(cdf.device, non_blocking=True) if cdf.device.type == "cuda" else u.to(cdf.device)
-    u = u * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+def precision_autocast(model: torch.nn.Module, precision: str):
+    """A ``precision`` name (``PRECISIONS``) as a context for a Hugging Face forward:
+    ``torch.autocast`` to bf16 on the model's device, or nothing for ``"model"``. Used by the hf
+    backend and by the trainer's forward (``algo.precision``)."""
+    dtype = PRECISIONS[precision]
+    device = next(model.parameters()).device.type
+    return torch.autocast(device, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 def generate(
@@ -183,6 +153,28 @@ def generate(
     ``Completion.cache``. Runs in eval mode under ``torch.inference_mode``
     and restores the model's train/eval mode afterwards.
     """
+    _check_generate_args(prompts, params, batch_size, tokenizer, backend, past)
+    stop_ids = params.stop_token_ids if params.stop_token_ids is not None else _model_stop_ids(model)
+    rows = [i for i in range(len(prompts)) for _ in range(params.n)]  # prompt index of each row
+    step = batch_size or max(len(rows), 1)
+    was_training = model.training
+    model.eval()
+    out: list[Completion] = []
+    try:
+        with torch.inference_mode():
+            fast = _fast_decoder(model, backend, params.precision)
+            call = _Call(model, fast, _use_cuda_graphs(fast, cuda_graphs), prompts, params, stop_ids, generator,
+                         pad_token_id, tokenizer, past if fast is not None else None, keep_cache and fast is not None)
+            autocast = precision_autocast(model, params.precision) if fast is None else contextlib.nullcontext()
+            for start in range(0, len(rows), step):
+                with autocast:
+                    out += _generate_rows(call, rows[start : start + step])
+    finally:
+        model.train(was_training)
+    return out
+
+
+def _check_generate_args(prompts, params: SamplingParams, batch_size, tokenizer, backend, past) -> None:
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     if batch_size is not None and batch_size < 1:
@@ -193,214 +185,194 @@ def generate(
         raise ValueError(f"backend must be one of auto, fast, hf; got {backend!r}")
     if past is not None and len(past) != len(prompts):
         raise ValueError(f"past has {len(past)} entries for {len(prompts)} prompts")
-    stop_ids = params.stop_token_ids if params.stop_token_ids is not None else _model_stop_ids(model)
-    rows = [i for i in range(len(prompts)) for _ in range(params.n)]  # prompt index of each row
-    step = batch_size or max(len(rows), 1)
-    was_training = model.training
-    model.eval()
-    out: list[Completion] = []
-    try:
-        with torch.inference_mode():
-            fast = None
-            if backend != "hf":
-                reason = unsupported_reason(model)
-                if reason is not None and backend == "fast":
-                    raise ValueError(f"the fast decoder cannot run this model: {reason}")
-                fast = FastLlama(model, PRECISIONS[params.precision]) if reason is None else None
-            graphs = False
-            if fast is not None:
-                on_cuda = fast.device.type == "cuda"
-                graphs = on_cuda if cuda_graphs is None else (bool(cuda_graphs) and on_cuda)
-            autocast = precision_autocast(model, params.precision) if fast is None else contextlib.nullcontext()
-            for start in range(0, len(rows), step):
-                chunk = rows[start : start + step]
-                with autocast:
-                    out += _generate_rows(model, fast, graphs, prompts, chunk, params, stop_ids, generator,
-                                          pad_token_id, tokenizer, past if fast is not None else None,
-                                          keep_cache and fast is not None)
-    finally:
-        model.train(was_training)
-    return out
 
 
-def precision_autocast(model: torch.nn.Module, precision: str):
-    """A ``precision`` name (``PRECISIONS``) as a context for a Hugging Face forward:
-    ``torch.autocast`` to bf16 on the model's device, or nothing for ``"model"``. Used by the hf
-    backend and by the trainer's forward (``algo.precision``)."""
-    dtype = PRECISIONS[precision]
-    device = next(model.parameters()).device.type
-    return torch.autocast(device, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+def _fast_decoder(model: torch.nn.Module, backend: str, precision: str) -> FastLlama | None:
+    """The fast decoder on ``model``'s weights, or None for the Hugging Face backend (asked for,
+    or ``"auto"`` with a model the fast decoder refuses)."""
+    if backend == "hf":
+        return None
+    reason = unsupported_reason(model)
+    if reason is not None and backend == "fast":
+        raise ValueError(f"the fast decoder cannot run this model: {reason}")
+    return FastLlama(model, PRECISIONS[precision]) if reason is None else None
 
 
-class _HFState:
-    """The Hugging Face forward with its own cache, behind the interface of ``DecodeState``."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-        self.device = next(model.parameters()).device
-        self.cache_kwarg = _cache_kwarg(model)
-
-    def prefill(self, prompts: list, expand: torch.Tensor, pad_token_id: int, past=None) -> torch.Tensor:
-        """Run the prompts once, left-padded, with positions counted over real tokens only, then
-        copy each prompt's cache, mask and position to its sample rows."""
-        lengths = [len(p) for p in prompts]
-        width = max(lengths)
-        input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for k, p in enumerate(prompts):
-            input_ids[k, width - lengths[k] :] = torch.tensor(list(p), dtype=torch.long)
-            mask[k, width - lengths[k] :] = 1
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                         logits_to_keep=1)
-        cache = getattr(out, "cache", None)
-        if cache is None:  # transformers < 5.x names it past_key_values
-            cache = out.past_key_values
-        cache.batch_select_indices(expand)
-        self.cache, self.mask, self.next_pos = cache, mask[expand], (positions[:, -1] + 1)[expand]
-        return out.logits[:, -1].float()[expand]
-
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
-        logits = self.model(
-            input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.next_pos[:, None],
-            use_cache=True, **{self.cache_kwarg: self.cache},
-        ).logits[:, -1].float()
-        self.next_pos = self.next_pos + 1
-        return logits
-
-    def compact(self, keep: torch.Tensor) -> None:
-        self.cache.batch_select_indices(keep)
-        self.mask, self.next_pos = self.mask[keep], self.next_pos[keep]
-
-    def worth_compacting(self, alive: int, remaining: int) -> bool:
-        return True
+def _use_cuda_graphs(fast: FastLlama | None, cuda_graphs: bool | None) -> bool:
+    """CUDA graphs only for the fast decoder on CUDA; there by default."""
+    if fast is None:
+        return False
+    on_cuda = fast.device.type == "cuda"
+    return on_cuda if cuda_graphs is None else (bool(cuda_graphs) and on_cuda)
 
 
-def _stop_string_hit(tokenizer, history: list[int], stops: tuple[str, ...], window: int) -> bool:
-    """Whether the text of the last ``window`` tokens contains a stop string. Called after every
-    token of a live row, so a hit is the first one and ends on the newest token (the window is
-    long enough for a stop string of maximal length even at 4 tokens per character)."""
-    text = tokenizer.decode(history[-window:])
-    return any(s in text for s in stops)
+@dataclass
+class _Call:
+    """What one ``generate`` call decodes with, the same for every chunk of rows (``past`` and
+    ``keep_cache`` already cleared for the Hugging Face backend)."""
+
+    model: torch.nn.Module
+    fast: FastLlama | None
+    cuda_graphs: bool
+    prompts: Sequence[Sequence[int]]
+    params: SamplingParams
+    stop_ids: tuple[int, ...]
+    generator: torch.Generator | None
+    pad_token_id: int
+    tokenizer: object
+    past: Sequence[KVPrefix | None] | None
+    keep_cache: bool
 
 
-def _generate_rows(
-    model: torch.nn.Module,
-    fast: FastLlama | None,
-    cuda_graphs: bool,
-    prompts: Sequence[Sequence[int]],
-    rows: list[int],
-    params: SamplingParams,
-    stop_ids: tuple[int, ...],
-    generator: torch.Generator | None,
-    pad_token_id: int,
-    tokenizer,
-    past: Sequence[KVPrefix | None] | None = None,
-    keep_cache: bool = False,
-) -> list[Completion]:
-    """Generate one completion per entry of ``rows`` (prompt indices, grouped by prompt)."""
-    if params.max_new_tokens == 0:
+def _generate_rows(call: _Call, rows: list[int]) -> list[Completion]:
+    """Generate one completion per entry of ``rows`` (prompt indices, grouped by prompt): prefill,
+    then per step sample, record, mark the rows that finished, and drop them from the decoder
+    when that is worth it."""
+    T = call.params.max_new_tokens
+    if T == 0:
         return [Completion(i, [], [], "length") for i in rows]
+    state, logits, device, width = _prefill(call, rows)
+    starts = [width - len(call.prompts[p]) for p in rows] if call.keep_cache else None
+    book = _Rows(rows, T, call.pad_token_id, device, starts)
+    stops = _Stops(call.stop_ids, call.params.stop, call.tokenizer, len(rows), device)
+    for t in range(T):
+        token = sample(logits, call.params.temperature, call.params.top_p, call.generator)
+        book.record(t, token, token_logprob(logits, token))
+        finished = stops.finished(token, book.present, book.alive, book.n_alive)
+        book.finish(finished, t, state)
+        if book.n_alive == 0 or t == T - 1:
+            book.keep_live_caches(state)
+            break
+        if finished and state.worth_compacting(book.n_alive, T - 1 - t):
+            token = book.compact(state, token)
+        logits = state.step(token)
+    return book.completions()
+
+
+def _prefill(call: _Call, rows: list[int]) -> tuple[DecodeState | HFState, torch.Tensor, torch.device, int]:
+    """A decode state for ``rows``, after one prefill per distinct prompt (its cache, logits and
+    mask copied to its sample rows): (state, logits [rows, V], device, prompt width)."""
     unique = list(dict.fromkeys(rows))  # distinct prompts in order of appearance
     row_of = {p: k for k, p in enumerate(unique)}
-    B, T = len(rows), params.max_new_tokens
-    if fast is not None:
-        device = fast.device
-        width = max(len(prompts[p]) for p in unique)
-        state = fast.start(B, width + T, cuda_graphs=cuda_graphs)
+    width = max(len(call.prompts[p]) for p in unique)
+    if call.fast is not None:
+        device = call.fast.device
+        state = call.fast.start(len(rows), width + call.params.max_new_tokens, cuda_graphs=call.cuda_graphs)
     else:
-        state = _HFState(model)
+        state = HFState(call.model)
         device = state.device
-    # One prefill per distinct prompt; its cache, logits and mask are copied to its sample rows.
     expand = torch.tensor([row_of[p] for p in rows], device=device)
-    logits = state.prefill([prompts[p] for p in unique], expand, pad_token_id,
-                           past=[past[p] for p in unique] if past is not None else None)
-    caches: list[KVPrefix | None] = [None] * B
-    if keep_cache:  # column where each row's prompt starts (prompts are left-padded to ``width``)
-        starts = [width - len(prompts[p]) for p in rows]
+    logits = state.prefill([call.prompts[p] for p in unique], expand, call.pad_token_id,
+                           past=[call.past[p] for p in unique] if call.past is not None else None)
+    return state, logits, device, width
 
-    tokens = torch.full((B, T), pad_token_id, dtype=torch.long, device=device)
-    logprobs = torch.zeros((B, T), dtype=torch.float32, device=device)
-    lengths = [T] * B
-    stopped = [False] * B
-    present = list(range(B))  # original row of each row in the decoder, in order
-    present_t: torch.Tensor | None = None  # the same as a tensor; None while it is arange(B)
-    alive = [True] * B  # per present row: not finished yet (finished rows wait for compaction)
-    n_alive = B
-    stop_tensor = torch.tensor(stop_ids, dtype=torch.long, device=device)
-    stops = tuple(params.stop)
-    history: list[list[int]] = [[] for _ in range(B)] if stops else []
-    window = 4 * max((len(s) for s in stops), default=0) + 4
 
-    for t in range(T):
-        token = _sample(logits, params, generator)
-        lp = logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
-        # Every present row is recorded; what a finished row writes past its length is dropped.
-        if present_t is None:
-            tokens[:, t], logprobs[:, t] = token, lp
+class _Rows:
+    """One chunk's results while it decodes: tokens and logprobs per step, where each row
+    finished, and which rows the decoder still holds (``present``: the original row of each
+    decoder row, in order; ``alive``: not finished yet, per present row: finished rows wait for
+    compaction, and what they record past their length is dropped). ``starts`` (with
+    ``keep_cache``): the column where each row's prompt starts in the left-padded cache."""
+
+    def __init__(self, rows: list[int], T: int, pad_token_id: int, device: torch.device,
+                 starts: list[int] | None):
+        B = len(rows)
+        self.rows, self.device, self.starts = rows, device, starts
+        self.tokens = torch.full((B, T), pad_token_id, dtype=torch.long, device=device)
+        self.logprobs = torch.zeros((B, T), dtype=torch.float32, device=device)
+        self.lengths = [T] * B
+        self.stopped = [False] * B
+        self.caches: list[KVPrefix | None] = [None] * B
+        self.present = list(range(B))
+        self.present_t: torch.Tensor | None = None  # ``present`` as a tensor; None while it is arange(B)
+        self.alive = [True] * B
+        self.n_alive = B
+
+    def record(self, t: int, token: torch.Tensor, lp: torch.Tensor) -> None:
+        """Step ``t``'s token and logprob of every present row."""
+        if self.present_t is None:
+            self.tokens[:, t], self.logprobs[:, t] = token, lp
         else:
-            tokens[present_t, t], logprobs[present_t, t] = token, lp
-        finished: list[int] = []  # indices into present
-        if stops:
-            token_l = token.tolist()
-            for i, r in enumerate(present):
-                if alive[i]:
-                    history[r].append(token_l[i])
-                    if token_l[i] in stop_ids or _stop_string_hit(tokenizer, history[r], stops, window):
-                        finished.append(i)
-        elif stop_tensor.numel():
-            done = torch.isin(token, stop_tensor)
-            if n_alive < len(present):
-                done &= torch.tensor(alive, device=device)
-            if done.any():
-                finished = done.nonzero().squeeze(-1).tolist()
+            self.tokens[self.present_t, t], self.logprobs[self.present_t, t] = token, lp
+
+    def finish(self, finished: list[int], t: int, state) -> None:
+        """Present rows ``finished`` stopped at step ``t``; their caches are kept now, before
+        compaction drops them."""
         for i in finished:
-            alive[i] = False
-            lengths[present[i]], stopped[present[i]] = t + 1, True
-            if keep_cache:  # before compaction drops the row
-                caches[present[i]] = state.prefix(i, starts[present[i]])
-        n_alive -= len(finished)
-        if n_alive == 0 or t == T - 1:
-            if keep_cache:
-                for i, r in enumerate(present):
-                    if alive[i]:
-                        caches[r] = state.prefix(i, starts[r])
-            break
-        if finished and state.worth_compacting(n_alive, T - 1 - t):
-            keep_l = [i for i, a in enumerate(alive) if a]
-            keep = torch.tensor(keep_l, device=device)
-            state.compact(keep)
-            token = token.index_select(0, keep)
-            present = [present[i] for i in keep_l]
-            present_t = torch.tensor(present, device=device)
-            alive = [True] * len(present)
-        logits = state.step(token)
+            self.alive[i] = False
+            r = self.present[i]
+            self.lengths[r], self.stopped[r] = t + 1, True
+            if self.starts is not None:
+                self.caches[r] = state.prefix(i, self.starts[r])
+        self.n_alive -= len(finished)
 
-    tokens_l, logprobs_l = tokens.tolist(), logprobs.tolist()
-    return [
-        Completion(
-            prompt_index=p,
-            token_ids=tokens_l[r][: lengths[r]],
-            logprobs=logprobs_l[r][: lengths[r]],
-            finish_reason="stop" if stopped[r] else "length",
-            cache=caches[r],
-        )
-        for r, p in enumerate(rows)
-    ]
+    def keep_live_caches(self, state) -> None:
+        """At the end: the caches of the rows still alive (with ``keep_cache``)."""
+        if self.starts is not None:
+            for i, r in enumerate(self.present):
+                if self.alive[i]:
+                    self.caches[r] = state.prefix(i, self.starts[r])
+
+    def compact(self, state, token: torch.Tensor) -> torch.Tensor:
+        """Drop the finished rows from the decoder; returns the live rows' ``token``."""
+        keep_l = [i for i, a in enumerate(self.alive) if a]
+        keep = torch.tensor(keep_l, device=self.device)
+        state.compact(keep)
+        self.present = [self.present[i] for i in keep_l]
+        self.present_t = torch.tensor(self.present, device=self.device)
+        self.alive = [True] * len(self.present)
+        return token.index_select(0, keep)
+
+    def completions(self) -> list[Completion]:
+        tokens_l, logprobs_l = self.tokens.tolist(), self.logprobs.tolist()
+        return [
+            Completion(
+                prompt_index=p,
+                token_ids=tokens_l[r][: self.lengths[r]],
+                logprobs=logprobs_l[r][: self.lengths[r]],
+                finish_reason="stop" if self.stopped[r] else "length",
+                cache=self.caches[r],
+            )
+            for r, p in enumerate(self.rows)
+        ]
 
 
-def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Log-prob of each token given the tokens before it: [B, T] -> [B, T] float32.
+class _Stops:
+    """Which live rows a step's tokens finish: a stop token, or (checked on the host, only when
+    stop strings are given) a stop string completed by the newest token."""
 
-    Inputs are right-padded. Position 0 and padded positions get 0.0. Gradients flow when called
-    outside ``inference_mode``/``no_grad`` (the trainer's use). Computed as
-    ``logit[y] - logsumexp(logits)`` so no [B, T, V] log-softmax tensor is kept besides the logits.
-    """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
-    targets = input_ids[:, 1:]
-    token_logits = logits.gather(-1, targets[..., None]).squeeze(-1)
-    lp = token_logits - torch.logsumexp(logits, dim=-1)
-    lp = lp * attention_mask[:, 1:].to(lp.dtype)
-    return F.pad(lp, (1, 0), value=0.0)
+    def __init__(self, stop_ids: tuple[int, ...], strings: tuple[str, ...], tokenizer, rows: int,
+                 device: torch.device):
+        self.ids, self.device, self.tokenizer = stop_ids, device, tokenizer
+        self.tensor = torch.tensor(stop_ids, dtype=torch.long, device=device)
+        self.strings = tuple(strings)
+        self.history: list[list[int]] = [[] for _ in range(rows)] if self.strings else []
+        # long enough for a stop string of maximal length even at 4 tokens per character
+        self.window = 4 * max((len(s) for s in self.strings), default=0) + 4
+
+    def finished(self, token: torch.Tensor, present: list[int], alive: list[bool], n_alive: int) -> list[int]:
+        """Indices into ``present`` of the live rows that ``token`` finishes."""
+        if self.strings:
+            return self._finished_with_strings(token.tolist(), present, alive)
+        if not self.tensor.numel():
+            return []
+        done = torch.isin(token, self.tensor)
+        if n_alive < len(present):
+            done &= torch.tensor(alive, device=self.device)
+        return done.nonzero().squeeze(-1).tolist() if done.any() else []
+
+    def _finished_with_strings(self, token_l: list[int], present: list[int], alive: list[bool]) -> list[int]:
+        """Stop tokens and stop strings, row by row. Checked after every token of a live row, so a
+        hit is the first one and ends on the newest token."""
+        finished = []
+        for i, r in enumerate(present):
+            if alive[i]:
+                self.history[r].append(token_l[i])
+                if token_l[i] in self.ids or self._string_hit(self.history[r]):
+                    finished.append(i)
+        return finished
+
+    def _string_hit(self, history: list[int]) -> bool:
+        """Whether the text of the last ``window`` tokens contains a stop string."""
+        text = self.tokenizer.decode(history[-self.window:])
+        return any(s in text for s in self.strings)

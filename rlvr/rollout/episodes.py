@@ -34,8 +34,8 @@ from rlvr.envs.base import NATURAL_FINISHES, EnvConfig, Environment, make_env
 from rlvr.envs.tokens import observation_ids
 from rlvr.model.tokenizer import encode_chat_prompt
 from rlvr.rollout.collect import collect
-from rlvr.rollout.decoder import KVPrefix
 from rlvr.rollout.engine import SamplingParams, generate
+from rlvr.rollout.kv_cache import KVPrefix
 from rlvr.types import EpisodeInfo, Message, Task, Trajectory
 
 

@@ -55,7 +55,8 @@ from rlvr.envs.base import EnvConfig
 from rlvr.rollout.async_rollout import AsyncConfig, AsyncRollout, parity_kl
 from rlvr.rollout.source import RolloutBatch, RolloutSource
 from rlvr.rollout.sync_rollout import SyncRollout
-from rlvr.rollout.engine import PRECISIONS, SamplingParams, precision_autocast, sequence_logprobs
+from rlvr.model.logprobs import sequence_logprobs
+from rlvr.rollout.engine import PRECISIONS, SamplingParams, precision_autocast
 from rlvr.rollout.episodes import EnvPool, Episode, run_tasks
 from rlvr.verifiers.judge import judge
 from rlvr.sandbox.config import SandboxConfig, shared_sandbox

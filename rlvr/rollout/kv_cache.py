@@ -1,0 +1,327 @@
+"""The fast decoder's KV cache and the passes that fill it: prefill, decode steps, compaction.
+
+- ``DecodeState`` (from ``FastLlama.start``): a preallocated KV cache (one tensor per layer for K
+  and one for V, ``[rows, kv_heads, max_len, head_dim]``), the key-validity mask of the
+  left-padded prompts and each row's next position. ``prefill`` runs each distinct prompt once
+  and gives its K/V to all of its sample rows; ``step`` runs one token per row; ``compact`` keeps
+  only some rows (finished rows leave the batch); ``prefix(row, start)`` copies a row's K/V out
+  as a ``KVPrefix``.
+- Prefix reuse across calls: ``prefill(..., past=...)`` takes, per prompt, the ``KVPrefix`` of
+  its first tokens (what the previous turn of a multi-turn episode computed) and runs only the
+  rest; the prompts are still left-padded to a common width, the forward covers the last ``C``
+  columns (``C`` = the longest uncached suffix), attending to the copied columns before them.
+- Attention: grouped-query without repeating K/V in a decode step (the query heads of one KV head
+  side by side); ``F.scaled_dot_product_attention`` in prefill and on GPU, one ``baddbmm`` and one
+  ``bmm`` for a CPU decode step; on CPU, prompts with several sample rows are read once per prompt
+  (``SharedPrompts``). With ``cuda_graphs`` the step is the capturable ``step_static``
+  (``StepGraphs``). Design and measurements: docs/rollout.md, "Design of the fast decoder".
+
+No autograd: it runs under ``torch.inference_mode``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from rlvr.rollout.cuda_graphs import StepGraphs, bucket
+from rlvr.rollout.gemm import lin, lin_res
+from rlvr.rollout.shared_prompts import SharedPrompts
+
+if TYPE_CHECKING:
+    from rlvr.rollout.decoder import FastLlama, Layer
+
+
+@dataclass
+class KVPrefix:
+    """The keys and values of a sequence's first ``length`` tokens, per layer
+    ``[kv_heads, length, head_dim]``: what ``prefill(past=...)`` starts from instead of running
+    those tokens again."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+
+    @property
+    def length(self) -> int:
+        return self.k[0].shape[1]
+
+
+@dataclass
+class _Prefill:
+    """One prefill's distinct prompts, left-padded to width ``W``; the forward runs the last
+    ``C`` columns (the rest comes from ``past``)."""
+
+    lengths: list[int]
+    cached: list[int]  # tokens of each prompt taken from ``past``
+    past: list[KVPrefix | None] | None
+    W: int
+    C: int
+    ids: torch.Tensor  # [U, W]
+    mask: torch.Tensor  # [U, W] bool: real tokens
+    positions: torch.Tensor  # [U, W]
+    attn_mask: torch.Tensor  # [U, 1, C, W]
+    cos: torch.Tensor  # [U, C, hd]
+    sin: torch.Tensor
+    expand: torch.Tensor  # prompt of each row
+    direct: bool  # one row per prompt, in order: the rows' cache is written in place
+    shared: SharedPrompts | None
+
+
+class DecodeState:
+    """KV cache and per-row state for one batch of rows (see the module docstring).
+    ``share_prompts=False``: every row attends to its own copy of its prompt (the path the GPU
+    takes; tests compare the two on CPU)."""
+
+    def __init__(self, f: FastLlama, rows: int, max_len: int, cuda_graphs: bool, share_prompts: bool = True):
+        self.f, self.rows, self.max_len = f, rows, max_len
+        shape = (rows, f.num_kv, max_len, f.head_dim)
+        # Eager steps read only written columns; a captured step reads all of them (masked), and
+        # 0 x NaN from uninitialised memory would still be NaN, so those caches start at zero.
+        alloc = torch.zeros if cuda_graphs else torch.empty
+        self.k = [alloc(shape, dtype=f.kv_dtype, device=f.device) for _ in f.layers]
+        self.v = [alloc(shape, dtype=f.kv_dtype, device=f.device) for _ in f.layers]
+        self.valid = torch.zeros((rows, max_len), dtype=torch.bool, device=f.device)
+        self.pos = torch.zeros(rows, dtype=torch.long, device=f.device)
+        self.cos, self.sin = f.rope_tables(max_len)
+        self.n = rows  # rows in use (a prefix of the buffers)
+        self.col = 0  # cache column the next step writes
+        self.share_prompts = share_prompts and not cuda_graphs and f.device.type == "cpu"
+        self.shared: SharedPrompts | None = None  # set by prefill when prompts have several rows
+        self.graphs = StepGraphs(self) if cuda_graphs else None
+
+    # -- prefill ---------------------------------------------------------------------------------
+    def prefill(self, prompts: list, expand: torch.Tensor, pad_token_id: int,
+                past: list[KVPrefix | None] | None = None) -> torch.Tensor:
+        """Run the distinct ``prompts`` once (left-padded) and copy each one's K/V to its rows
+        (``expand[r]`` = prompt of row r). ``past[k]``, when given, holds the K/V of prompt k's
+        first tokens: only the columns after the shortest-covered suffix run (see the module
+        docstring). Returns the last-position logits per row [rows, V]."""
+        f = self.f
+        p = self._layout(prompts, expand, pad_token_id, past)
+        x = F.embedding(p.ids[:, p.W - p.C:], f.embed)
+        for li, L in enumerate(f.layers):
+            x = self._prefill_layer(p, x, li, L)
+        self.valid[:, :p.W] = p.mask.index_select(0, expand)
+        self.pos.copy_(p.positions[:, -1].index_select(0, expand) + 1)
+        self.col = p.W
+        self.shared = p.shared
+        if p.shared is not None:
+            p.shared.set_rows(expand.tolist())
+        return f.logits(x[:, -1]).index_select(0, expand)
+
+    def _layout(self, prompts: list, expand: torch.Tensor, pad_token_id: int,
+                past: list[KVPrefix | None] | None) -> _Prefill:
+        """The prompts left-padded into ids, mask and positions (counted over real tokens), the
+        columns to run, and the causal + padding mask over them (pad queries see themselves)."""
+        dev = self.f.device
+        lengths = [len(p) for p in prompts]
+        U, W = len(prompts), max(lengths)
+        cached = [min(c.length, n - 1) if c is not None else 0 for c, n in zip(past or [None] * U, lengths)]
+        C = max(n - m for n, m in zip(lengths, cached))  # columns W - C .. W - 1 run
+        ids = torch.full((U, W), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((U, W), dtype=torch.bool)
+        for k, p in enumerate(prompts):
+            ids[k, W - lengths[k]:] = torch.as_tensor(list(p), dtype=torch.long)
+            mask[k, W - lengths[k]:] = True
+        ids, mask = ids.to(dev), mask.to(dev)
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        cos, sin = self.cos[positions[:, W - C:]], self.sin[positions[:, W - C:]]  # [U, C, hd]
+        causal = torch.ones((W, W), dtype=torch.bool, device=dev).tril()[W - C:]
+        eye = torch.eye(W, dtype=torch.bool, device=dev)[W - C:]
+        attn_mask = ((causal & mask[:, None, :]) | eye)[:, None]  # [U, 1, C, W]
+        direct = U == self.rows and bool((expand == torch.arange(U, device=dev)).all())
+        shared = None
+        if U < self.rows and self.share_prompts:
+            shared = SharedPrompts(U, W, mask, self.f.num_kv, self.f.kv_dtype)
+        return _Prefill(lengths, cached, past, W, C, ids, mask, positions, attn_mask, cos, sin, expand, direct, shared)
+
+    def _prefill_layer(self, p: _Prefill, x: torch.Tensor, li: int, L: Layer) -> torch.Tensor:
+        """One layer over the prompts' running columns: their K/V stored (in the rows' cache or
+        once per prompt), attention over the whole width. The last layer keeps only the last
+        position (past the last K/V nothing else matters)."""
+        f = self.f
+        nh, nkv, hd = f.num_heads, f.num_kv, f.head_dim
+        qkv = lin(f.rms(x, L.ln1), L.wqkv, L.bqkv)  # [U, C, (nh + 2 nkv) hd]
+        qk = f.rope(qkv[..., : (nh + nkv) * hd].unflatten(-1, (nh + nkv, hd)), p.cos, p.sin).to(f.kv_dtype)
+        q = qk[..., :nh, :].transpose(1, 2)
+        k = qk[..., nh:, :].transpose(1, 2)  # [U, nkv, C, hd]
+        v = qkv[..., (nh + nkv) * hd:].unflatten(-1, (nkv, hd)).transpose(1, 2).to(f.kv_dtype)
+        if p.C < p.W:
+            k, v = self._with_past(p, li, k, v)
+        self._store_prompt_kv(p, li, k, v)
+        if f.rep > 1:
+            k = k.repeat_interleave(f.rep, dim=1)
+            v = v.repeat_interleave(f.rep, dim=1)
+        am = p.attn_mask
+        if li == len(f.layers) - 1:
+            q, am, x = q[:, :, -1:], p.attn_mask[:, :, -1:], x[:, -1:]
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=am)
+        x = x + lin(a.transpose(1, 2).flatten(2), L.wo, L.bo, keep=True)
+        return x + f.mlp(x, L)
+
+    def _with_past(self, p: _Prefill, li: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V over the whole width: the copied prefixes, then the columns just computed (written
+        in place into the rows' cache when ``p.direct``). Left padding is zeroed: masked, but
+        never garbage (0 x NaN)."""
+        U, W, C = len(p.lengths), p.W, p.C
+        nkv, hd = self.f.num_kv, self.f.head_dim
+        K = self.k[li][:U, :, :W] if p.direct else k.new_empty((U, nkv, W, hd))
+        V = self.v[li][:U, :, :W] if p.direct else v.new_empty((U, nkv, W, hd))
+        for j, m in enumerate(p.cached):
+            s0 = W - p.lengths[j]
+            K[j, :, :min(s0, W - C)] = 0
+            V[j, :, :min(s0, W - C)] = 0
+            if m:
+                K[j, :, s0:s0 + m] = p.past[j].k[li][:, :m]
+                V[j, :, s0:s0 + m] = p.past[j].v[li][:, :m]
+        K[:, :, W - C:], V[:, :, W - C:] = k, v
+        return K, V
+
+    def _store_prompt_kv(self, p: _Prefill, li: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The prompts' K/V [U, nkv, W, hd] into the cache: once per prompt when shared (the
+        rows' cache columns < W stay unwritten), else copied to every row of the prompt."""
+        U, W = len(p.lengths), p.W
+        nkv, hd = self.f.num_kv, self.f.head_dim
+        if p.shared is not None:
+            p.shared.k.append(k.reshape(U * nkv, W, hd))  # (a copy when k is a strided view)
+            p.shared.v.append(v.reshape(U * nkv, W, hd))
+        elif not (p.direct and p.C < W):  # (direct with a prefix: K/V were written in place)
+            self.k[li][:, :, :W] = k.index_select(0, p.expand)
+            self.v[li][:, :, :W] = v.index_select(0, p.expand)
+
+    def prefix(self, row: int, start: int) -> KVPrefix:
+        """A copy of row ``row``'s K/V from column ``start`` (where its prompt begins) to the
+        last column written: its prompt and every token fed since."""
+        sh = self.shared
+        if sh is None:
+            return KVPrefix([K[row, :, start:self.col].clone() for K in self.k],
+                            [V[row, :, start:self.col].clone() for V in self.v])
+        ks, vs = [], []  # the prompt's columns from the shared copy, then the row's own
+        for li, (K, V) in enumerate(zip(self.k, self.v)):
+            pk, pv = sh.prompt_kv(li, row, start)
+            ks.append(torch.cat([pk, K[row, :, sh.width:self.col]], 1))
+            vs.append(torch.cat([pv, V[row, :, sh.width:self.col]], 1))
+        return KVPrefix(ks, vs)
+
+    # -- decode ----------------------------------------------------------------------------------
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row in use ([n] long); returns the next logits [n, V] float32."""
+        if self.col >= self.max_len:
+            raise RuntimeError("KV cache full")
+        if self.graphs is not None:
+            out = self.graphs.step(tokens)
+            if out is not None:
+                self.col += 1
+                return out
+        f, n, col = self.f, self.n, self.col
+        valid = self.valid[:n]
+        valid[:, col] = True
+        pos = self.pos[:n]
+        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [n, hd]
+        mask = self._step_mask(valid, col + 1)
+        x = F.embedding(tokens, f.embed)
+        for li, L in enumerate(f.layers):
+            x = self._step_layer(x, li, L, cos, sin, mask)
+        pos += 1
+        self.col += 1
+        return f.logits(x)
+
+    def _step_mask(self, valid: torch.Tensor, S: int) -> torch.Tensor | None:
+        """The padding mask of a decode step over columns < ``S``, for all layers: on CPU an
+        additive one, [n * kv, rep, S]; elsewhere a bool one for SDPA; None with shared prompts
+        (the prompts' mask is per prompt there; generated columns are all valid)."""
+        f, n = self.f, valid.shape[0]
+        if self.shared is not None:
+            return None
+        if f.device.type == "cpu":
+            bias = torch.zeros((n, S), dtype=f.kv_dtype).masked_fill_(~valid[:, :S], float("-inf"))
+            return bias[:, None].expand(n, f.num_heads, S).reshape(n * f.num_kv, f.rep, S)
+        return valid[:, None, None, :S]
+
+    def _step_layer(self, x: torch.Tensor, li: int, L: Layer, cos: torch.Tensor, sin: torch.Tensor,
+                    mask: torch.Tensor | None) -> torch.Tensor:
+        """One layer of a decode step: the new K/V written at column ``col``, attention, MLP."""
+        f, n, col = self.f, self.n, self.col
+        nh, nkv, hd = f.num_heads, f.num_kv, f.head_dim
+        qkv = lin(f.rms(x, L.ln1), L.wqkv, L.bqkv)
+        qk = f.rope(qkv[:, : (nh + nkv) * hd].view(n, nh + nkv, hd), cos, sin).to(f.kv_dtype)
+        K, V = self.k[li], self.v[li]
+        K[:n, :, col] = qk[:, nh:]
+        V[:n, :, col] = qkv[:, (nh + nkv) * hd:].view(n, nkv, hd)
+        a = self._attend(li, qk[:, :nh], mask)
+        x = lin_res(x, a, L.wo, L.bo)
+        return lin_res(x, f.act(x, L), L.wd, L.bd)
+
+    def _attend(self, li: int, q: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """One query per row [n, nh, hd] against the cache columns written so far -> [n, nh * hd].
+        The ``rep`` query heads of one KV head attend together as a rep-long query (no repeated
+        K/V); on CPU scores + mask in one ``baddbmm``, then one ``bmm``."""
+        f, n, S = self.f, self.n, self.col + 1
+        nh, nkv, hd, rep = f.num_heads, f.num_kv, f.head_dim, f.rep
+        K, V = self.k[li], self.v[li]
+        if self.shared is not None:
+            W = self.shared.width
+            return self.shared.attend(li, q, K[:n, :, W:S], V[:n, :, W:S])
+        if f.device.type == "cpu":
+            s = torch.baddbmm(mask, q.reshape(n * nkv, rep, hd),
+                              K[:n, :, :S].view(n * nkv, S, hd).transpose(1, 2), alpha=hd ** -0.5)
+            return torch.bmm(s.softmax(-1), V[:n, :, :S].view(n * nkv, S, hd)).view(n, nh * hd)
+        return F.scaled_dot_product_attention(q.view(n, nkv, rep, hd), K[:n, :, :S], V[:n, :, :S],
+                                              attn_mask=mask).reshape(n, nh * hd)
+
+    def step_static(self, tokens: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+        """The capturable step for CUDA graphs: all buffer rows, whole-cache attention under the
+        mask, K/V written at the column held by ``col`` (a 1-element long tensor)."""
+        if self.shared is not None:
+            raise RuntimeError("step_static reads every row's prompt columns: not with shared prompts")
+        f = self.f
+        n = tokens.shape[0]
+        valid = self.valid[:n]
+        valid.index_fill_(1, col, True)
+        pos = self.pos[:n]
+        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
+        mask = valid[:, None, None, :]
+        nh, nkv, hd = f.num_heads, f.num_kv, f.head_dim
+        x = F.embedding(tokens, f.embed)
+        for li, L in enumerate(f.layers):
+            qkv = lin(f.rms(x, L.ln1), L.wqkv, L.bqkv)
+            qk = f.rope(qkv[:, : (nh + nkv) * hd].view(n, nh + nkv, hd), cos, sin).to(f.kv_dtype)
+            K, V = self.k[li][:n], self.v[li][:n]
+            K.index_copy_(2, col, qk[:, nh:, None, :])
+            V.index_copy_(2, col, qkv[:, (nh + nkv) * hd:].view(n, nkv, 1, hd).to(f.kv_dtype))
+            a = F.scaled_dot_product_attention(qk[:, :nh].view(n, nkv, f.rep, hd), K, V, attn_mask=mask)
+            x = x + lin(a.reshape(n, nh * hd), L.wo, L.bo, keep=True)
+            x = x + f.mlp(x, L)
+        pos += 1
+        return f.logits(x)
+
+    # -- compaction ------------------------------------------------------------------------------
+    def compact(self, keep: torch.Tensor) -> None:
+        """Keep only rows ``keep`` (ascending indices into the rows in use), moved to the front.
+        Rows already in place (before the first dropped row) are not copied, and only the cache
+        columns written so far are."""
+        keep_l = keep.tolist()
+        first = next((i for i, r in enumerate(keep_l) if r != i), len(keep_l))
+        m, c = len(keep_l), self.col
+        lo = 0 if self.shared is None else self.shared.width  # (shared prompts: no prompt columns)
+        if first < m:
+            tail = keep[first:]
+            for buf in (*self.k, *self.v):
+                buf[first:m, :, lo:c] = buf[:, :, lo:c].index_select(0, tail)
+            self.valid[first:m, :c] = self.valid[:, :c].index_select(0, tail)
+            self.pos[first:m] = self.pos.index_select(0, tail)
+        self.n = m
+        if self.shared is not None:
+            self.shared.set_rows([self.shared.rows[r] for r in keep_l])
+
+    def worth_compacting(self, alive: int, remaining: int) -> bool:
+        """Compaction policy. With CUDA graphs: when the live rows fit a smaller bucket. Otherwise
+        when the finished rows' share of the ``remaining`` steps costs more than moving the live
+        rows (on CPU, copying one row's cache costs about one row-step: docs/rollout.md,
+        "Compaction policy"): finished x remaining >= alive."""
+        if self.graphs is not None and self.graphs.enabled:
+            return bucket(alive, self.rows) < bucket(self.n, self.rows)
+        return (self.n - alive) * remaining >= alive
