@@ -29,10 +29,10 @@ demo: setup
 
 # Tiny models on 2 shared cores run fastest (and never oversubscribed) on one thread.
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs
 
 test-slow: setup
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -rs -m slow
 
 test-all: setup
 	$(PY) -m pytest -q -m "slow or not slow"

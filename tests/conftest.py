@@ -26,3 +26,87 @@ def tiny_model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny") / "model"
     save_model_dir(path, model, tokenizer)
     return str(path)
+
+
+# --- RLVR_REQUIRE_STRICT_SANDBOX: where a strict sandbox is expected (CI), its absence fails ---
+#
+# The attack suite, the verifier-cheat, code-conformance and tamper tests skip where this machine
+# has no strict sandbox backend (rlvr/sandbox/detect.py decides), so a machine without one would
+# stay green without running them. With RLVR_REQUIRE_STRICT_SANDBOX=1 (`.ci/run` sets it) every
+# such skip becomes a failure naming what is missing. A skip is "such a skip" when its reason
+# contains one of STRICT_SKIP_REASONS: write new sandbox skips with the reason
+# "no strict sandbox backend here" and they are covered without touching this file.
+
+REQUIRE_STRICT_ENV = "RLVR_REQUIRE_STRICT_SANDBOX"
+STRICT_SKIP_REASONS = ("strict sandbox", "bubblewrap")  # bubblewrap: `make setup` installs it as root
+
+
+def strict_sandbox_required() -> bool:
+    return os.environ.get(REQUIRE_STRICT_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _sandbox_here() -> str:
+    try:
+        from rlvr.sandbox.detect import choose, describe_caps
+
+        backend = choose("auto")
+        return f"backend here: {backend.describe()}; machine: {describe_caps(backend.caps)}"
+    except Exception as e:  # the message must still come out
+        return f"the backend could not be detected: {e!r}"
+
+
+def strict_sandbox_failure(reason: str) -> str | None:
+    """The failure message for a skip the switch forbids; None where the skip may stay a skip."""
+    if not strict_sandbox_required() or not any(p in reason for p in STRICT_SKIP_REASONS):
+        return None
+    return (f"{REQUIRE_STRICT_ENV}=1 expects a strict sandbox, but this test would skip: {reason}. "
+            f"{_sandbox_here()}. Needed: Linux with seccomp and landlock, run as root (forkserver) "
+            f"or with unprivileged user namespaces (forkserver-userns), and bubblewrap as root "
+            f"(`make setup` installs it); `rlvr sandbox info` shows what this machine allows. "
+            f"Unset {REQUIRE_STRICT_ENV} to let these tests skip.")
+
+
+def _skip_reason(longrepr) -> str:
+    reason = str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+class StrictSandboxMissing(pytest.Item):
+    """Stands in for a test module that skipped at import for want of a strict sandbox."""
+
+    def __init__(self, *, message: str, **kwargs):
+        super().__init__(**kwargs)
+        self.message = message
+
+    def runtest(self):
+        pytest.fail(self.message, pytrace=False)
+
+    def reportinfo(self):
+        return self.path, 0, self.name
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.skipped and not hasattr(report, "wasxfail"):
+        message = strict_sandbox_failure(_skip_reason(report.longrepr))
+        if message:
+            report.outcome, report.longrepr = "failed", message
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    report = yield
+    if report.skipped:
+        message = strict_sandbox_failure(_skip_reason(report.longrepr))
+        if message:  # one failing test for the whole module, and the run goes on
+            report.outcome, report.longrepr = "passed", None
+            report.result = [StrictSandboxMissing.from_parent(
+                collector, name="strict_sandbox_required", message=message)]
+    return report
+
+
+def pytest_report_header(config):
+    required = "required" if strict_sandbox_required() else f"optional (set {REQUIRE_STRICT_ENV}=1 to require)"
+    return f"rlvr sandbox: {_sandbox_here()}; strict sandbox {required}"

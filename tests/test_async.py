@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import threading
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -69,27 +68,31 @@ def test_canary_passes_on_a_real_sync_and_catches_stale_weights(tiny_model_dir, 
 # --------------------------------------------------------------------------- producer, queues, staleness
 
 
-def _fake_rollout(model, k, queue_size, trainer_seconds, n=8):
-    """Drive AsyncRollout with an instant fake generator/verifier and a slow fake trainer."""
+def _fake_rollout(model, k, queue_size, ahead, n=8, patience=60.0):
+    """Drive AsyncRollout with an instant fake generator/verifier and a trainer that, after
+    taking batch ``step``, holds its update until the producer has started generating batch
+    ``step + ahead`` (event-driven: no sleeps, so a loaded machine changes no outcome; ``patience``
+    only stops a hang). The producer's own gates (staleness, queues) decide how far it may go."""
     from rlvr.curriculum.pool import TaskPool
     from rlvr.rollout.async_rollout import AsyncConfig, AsyncRollout
     from rlvr.rollout.episodes import Episode
 
     consumed = []
     in_flight = []  # batches generated but not yet consumed, seen at each generate call
-    lock = threading.Lock()
+    started = []  # the batch index of each generate call
+    cond = threading.Condition()
 
     def generate(engine, tasks, version, envs, generator):
-        with lock:
+        with cond:
             in_flight.append(rollout.next_index - len(consumed) + 1)
-        time.sleep(0.01)
+            started.append(rollout.next_index)
+            cond.notify_all()
         traj = Trajectory(task_id="t", group_id=0, messages=(), completion="", token_ids=(1, 5, 6, 7),
                           loss_mask=(0, 1, 1, 1), logprobs=(0.0, -1.0, -1.0, -1.0), finish_reason="stop",
                           policy_version=version)
         return [Episode(traj)]
 
     def verify(tasks, episodes):
-        time.sleep(0.01)
         return [ep.trajectory for ep in episodes]
 
     pool = TaskPool(["task"] * 4, seed=0)
@@ -101,9 +104,11 @@ def _fake_rollout(model, k, queue_size, trainer_seconds, n=8):
         for step in range(n):
             got = rollout.next(trainer_version=step)
             assert all(s.policy_version == got.version for s in got.scored)
-            with lock:
+            target = min(step + ahead, n - 1)
+            with cond:
                 consumed.append((got.index, got.version, step))
-            time.sleep(trainer_seconds)
+                assert cond.wait_for(lambda: started and started[-1] >= target, timeout=patience), \
+                    f"step {step}: the producer never started batch {target} ({started})"
             rollout.push(model, version=step + 1)
     finally:
         rollout.close()
@@ -113,21 +118,32 @@ def _fake_rollout(model, k, queue_size, trainer_seconds, n=8):
 @pytest.mark.parametrize("k", [0, 1, 2])
 def test_staleness_never_exceeds_k_and_queues_are_bounded(tiny_model_dir, k):
     model = _model(tiny_model_dir)
-    consumed, in_flight, rollout = _fake_rollout(model, k, queue_size=1, trainer_seconds=0.05)
+    # the trainer is the bottleneck: it lets the producer run as far ahead as k allows
+    consumed, in_flight, rollout = _fake_rollout(model, k, queue_size=1, ahead=k)
     assert [index for index, _, _ in consumed] == list(range(8))
     staleness = [step - version for _, version, step in consumed]
     assert max(staleness) <= k, staleness
     assert min(staleness) >= 0
-    if k:  # the trainer is the bottleneck: the producer does run ahead, up to the bound
-        assert max(staleness) == k, staleness
+    # batch j is generated while the newest version is j - k (the trainer holds its update until
+    # then), so from step k on every batch is exactly k versions old
+    assert staleness[k:] == [k] * (8 - k), staleness
     assert rollout.dropped == 0
     assert max(in_flight) <= 2 * 1 + 2  # two queues of 1 + one generating + one verifying
 
 
+def test_the_producer_cannot_run_past_the_staleness_gate(tiny_model_dir):
+    """With room in the queues, a trainer that waits for batch step + k + 1 before its update
+    would wait forever: the gate holds the producer until that update (the wait gives up)."""
+    model = _model(tiny_model_dir)
+    with pytest.raises(AssertionError, match="never started batch 2"):
+        _fake_rollout(model, 1, queue_size=4, ahead=2, patience=0.5)
+
+
 def test_queue_backpressure_blocks_the_producer(tiny_model_dir):
     model = _model(tiny_model_dir)
-    # k is large, so only the bounded queues stop the producer from running ahead of a slow trainer
-    _, in_flight, _ = _fake_rollout(model, k=50, queue_size=2, trainer_seconds=0.05, n=10)
+    # k is large, so only the bounded queues stop the producer from running ahead of a slow
+    # trainer: after each batch the trainer waits until generation of batch step + 4 has started
+    _, in_flight, _ = _fake_rollout(model, k=50, queue_size=2, ahead=4, n=10)
     assert max(in_flight) <= 2 * 2 + 2, in_flight
     assert max(in_flight) >= 4, in_flight  # and it did run ahead
 

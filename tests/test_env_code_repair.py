@@ -204,18 +204,33 @@ def test_looping_policy_ends_on_the_budget(env):
         slow.close()
 
 
-def test_wall_budget_counts_environment_time_only(env):
+def test_wall_budget_counts_environment_time_only(env, monkeypatch):
     """Time between turns (the batched generation of every episode) is not the episode's: a slow
-    machine must not turn every episode into a wall-budget failure."""
+    machine must not turn every episode into a wall-budget failure. The environment's clock is
+    moved on by 1000 s between turns (no sleeps: a loaded machine cannot change the outcome)."""
+    import rlvr.envs.base as base
+
+    offset = [0.0]
+
+    class Clock:  # the time module, with perf_counter moved on by ``offset``
+        def perf_counter(self):
+            return time.perf_counter() + offset[0]
+
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+    monkeypatch.setattr(base, "time", Clock())
     t = task(1)
-    patient = CodeRepairEnv(EnvConfig(wall_s=0.05), sandbox=env.sandbox)
+    patient = CodeRepairEnv(EnvConfig(wall_s=100.0), sandbox=env.sandbox)
     try:
         patient.reset(t)
-        time.sleep(0.1)  # "generation" of the first turn
-        assert not patient.step(format_call("list_files")).done
-        time.sleep(0.1)
-        assert not patient.step(format_call("list_files")).done
-        assert patient.env_seconds < 0.05
+        spent = 0.0  # real time inside step(), which is all the budget may count
+        for _ in range(2):
+            offset[0] += 1000.0  # "generation" of the next turn
+            start = time.perf_counter()
+            assert not patient.step(format_call("list_files")).done
+            spent += time.perf_counter() - start
+        assert 0.0 < patient.env_seconds <= spent < 100.0
     finally:
         patient.close()
 

@@ -273,4 +273,6 @@ def test_sql_latency(env):
     for _ in range(5):
         env.step(t.actions[0]) if not env.finish else None
         env.reset(t)
-    assert (time.perf_counter() - start) / 5 < 1.0
+    # a sandboxed SQL call is tens of milliseconds; the bound is loose enough for a loaded machine
+    # and still catches a per-call cost of seconds (e.g. a fresh sandbox per episode)
+    assert (time.perf_counter() - start) / 5 < 5.0

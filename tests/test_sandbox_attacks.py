@@ -79,10 +79,12 @@ def test_host_process_helpers_see_a_leftover():
     with Context() as c:
         result = run_unsandboxed(attacks._daemon_prog(c))
         marker = c.marker + "-daemon"
-        assert result.status == "ok" and result.duration_s < 5
+        # "ok": it returned while its daemons still held its output (no run into the 10 s timeout)
+        assert result.status == "ok"
         assert len(attacks.marker_pids(marker)) == 2
         assert attacks.sweep(marker)
-        assert not attacks._still(lambda: attacks.marker_pids(marker))
+        # killed daemons disappear; the grace only bounds the wait (it ends as soon as they are gone)
+        assert not attacks._still(lambda: attacks.marker_pids(marker), grace=30.0)
 
 
 # ---- check() -------------------------------------------------------------------------------
