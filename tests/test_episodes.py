@@ -229,12 +229,12 @@ def test_episodes_reuse_each_turns_cache_and_match_running_the_whole_conversatio
     """On the fast decoder a turn starts from the K/V of the episode's earlier turns (only the new
     tokens run), and the episodes equal the ones that run the whole conversation every turn:
     same tokens, logprobs equal to a fresh forward pass over the trajectory."""
-    from rlvr.rollout import decoder
+    from rlvr.rollout.kv_cache import DecodeState
 
     model, tok = load_model_and_tokenizer(tiny_model_dir)
     model.config.max_position_embeddings = 512
     ran: list[tuple[int, int]] = []  # (columns computed, prompt width) per prefill
-    real = decoder.DecodeState.prefill
+    real = DecodeState.prefill
 
     def counting(self, prompts, expand, pad_token_id, past=None):
         W = max(len(p) for p in prompts)
@@ -242,7 +242,7 @@ def test_episodes_reuse_each_turns_cache_and_match_running_the_whole_conversatio
         ran.append((max(len(p) - m for p, m in zip(prompts, cached)), W))
         return real(self, prompts, expand, pad_token_id, past)
 
-    monkeypatch.setattr(decoder.DecodeState, "prefill", counting)
+    monkeypatch.setattr(DecodeState, "prefill", counting)
     cfg = EnvConfig(max_turns=4, turn_tokens=24, max_tokens=80, max_context=400)
     # A random model rarely emits EOS: a band of stop tokens ends its turns after a few tokens.
     params = SamplingParams(n=3, temperature=1.0, stop_token_ids=tuple(range(40, 100)))

@@ -116,17 +116,7 @@ def collect_episodes(
     a turn starts from the K/V of the episode's previous turns (False: runs the whole
     conversation again each turn; the same tokens up to float rounding)."""
     cfg = pool.cfg
-    n = params.n
-    envs = pool.take([t.env for t in tasks for _ in range(n)])
-    live: list[_Live] = []
-    for i, env in enumerate(envs):
-        task = tasks[i // n]
-        messages = env.reset(task)
-        tools = [t.schema() for t in env.tools()]
-        prompt = encode_chat_prompt(tokenizer, messages, tools)
-        episode = _Live(task, i // n, env, tools, list(messages), [], [])
-        episode.append("prompt", prompt)
-        live.append(episode)
+    live = _start(tokenizer, tasks, params.n, pool)
     limit = min(cfg.max_context, getattr(model.config, "max_position_embeddings", cfg.max_context))
     stop_ids = set(params.stop_token_ids if params.stop_token_ids is not None else [tokenizer.eos_token_id])
     timings = {"generate_s": 0.0, "env_s": 0.0}
@@ -140,32 +130,52 @@ def collect_episodes(
                                    reuse_cache)
             timings["generate_s"] += time.perf_counter() - start
             start = time.perf_counter()
-            stepping = []
-            for e, (ids, logprobs, cut) in zip(active, turns):
-                e.append("policy", ids, logprobs)
-                e.policy_tokens += len(ids)
-                e.last_text = tokenizer.decode([t for t in ids if t not in stop_ids], skip_special_tokens=True)
-                e.messages.append({"role": "assistant", "content": e.last_text})
-                if cut:
-                    e.env.cut(cut)
-                    e.done = True
-                    e.cache = None
-                else:
-                    stepping.append(e)
+            stepping = [e for e, turn in zip(active, turns) if _take_turn(e, turn, tokenizer, stop_ids)]
             for e, step in zip(stepping, threads.map(lambda e: e.env.step(e.last_text), stepping)):
-                if step.done:
-                    e.done, e.cache = True, None
-                    continue
-                obs = observation_ids(tokenizer, e.messages, step.observation, e.tools)
-                if len(e.ids) + len(obs) >= limit:  # no room for the observation and a reply
-                    e.env.cut("context")
-                    e.done, e.cache = True, None
-                    continue
-                e.messages += step.observation
-                e.append("env", obs)
+                _observe(e, step, tokenizer, limit)
             timings["env_s"] += time.perf_counter() - start
     per = {k: v / max(len(live), 1) for k, v in timings.items()}
     return [Episode(_trajectory(e, policy_version, per), e.env) for e in live]
+
+
+def _start(tokenizer, tasks: list[Task], n: int, pool: EnvPool) -> list[_Live]:
+    """``n`` episodes per task, each reset in its environment instance with its prompt encoded."""
+    live = []
+    for i, env in enumerate(pool.take([t.env for t in tasks for _ in range(n)])):
+        task = tasks[i // n]
+        messages = env.reset(task)
+        tools = [t.schema() for t in env.tools()]
+        episode = _Live(task, i // n, env, tools, list(messages), [], [])
+        episode.append("prompt", encode_chat_prompt(tokenizer, messages, tools))
+        live.append(episode)
+    return live
+
+
+def _take_turn(e: _Live, turn: tuple[list[int], list[float], str], tokenizer, stop_ids: set[int]) -> bool:
+    """Append the policy's turn to ``e``; False when a budget cut the turn (the episode ends)."""
+    ids, logprobs, cut = turn
+    e.append("policy", ids, logprobs)
+    e.policy_tokens += len(ids)
+    e.last_text = tokenizer.decode([t for t in ids if t not in stop_ids], skip_special_tokens=True)
+    e.messages.append({"role": "assistant", "content": e.last_text})
+    if cut:
+        e.env.cut(cut)
+        e.done, e.cache = True, None
+    return not cut
+
+
+def _observe(e: _Live, step, tokenizer, limit: int) -> None:
+    """Append the environment's answer to ``e``, or end it (done, or no room left for it)."""
+    if step.done:
+        e.done, e.cache = True, None
+        return
+    obs = observation_ids(tokenizer, e.messages, step.observation, e.tools)
+    if len(e.ids) + len(obs) >= limit:  # no room for the observation and a reply
+        e.env.cut("context")
+        e.done, e.cache = True, None
+        return
+    e.messages += step.observation
+    e.append("env", obs)
 
 
 def _has_budget(e: _Live, cfg: EnvConfig, limit: int) -> bool:

@@ -29,7 +29,7 @@ What it does:
   ``sequence_attention.supported`` (Llama, Qwen2/3, Mistral, Phi-3 ... with transformers' attention
   interface) and no ``width`` is asked for; else packed in rows when that removes at least
   ``PACK_MIN_SAVING`` (10%) of the token slots, else on ``causal_rows``. It returns the same
-  ``[B, T]`` log-probs as ``rlvr.rollout.engine.sequence_logprobs`` at the positions asked for
+  ``[B, T]`` log-probs as ``rlvr.model.logprobs.sequence_logprobs`` at the positions asked for
   (``want``, e.g. the loss mask), 0.0 elsewhere. The language-model head and the log-softmax run
   only at those positions (for plain-head decoders: Llama, Qwen2/3, Mistral, Phi-3 ...): no
   ``[B, T, V]`` logits for prompt tokens. Gradients flow as in the plain path.
