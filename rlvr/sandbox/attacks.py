@@ -275,8 +275,9 @@ def marker_pids(marker: str) -> list[int]:
     return out
 
 
-def _still(fn: Callable[[], list], grace: float = 0.5) -> list:
-    """``fn()`` once it stays non-empty for ``grace`` seconds, else []."""
+def _still(fn: Callable[[], list], grace: float = 3.0) -> list:
+    """``fn()`` once it stays non-empty for ``grace`` seconds, else [] (returns as soon as it is
+    empty: a loaded machine may take a moment to reap what a run killed)."""
     deadline = time.monotonic() + grace
     while (found := fn()) and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -794,7 +795,7 @@ def _fork_bomb(sb, ctx: Context) -> Outcome:
     roots = worker_pids(sb)
     with Watch(roots, interval=0.05) as w:
         r, took = _timed(sb, Job.run_program(FORK_BOMB, limits=limits))
-    left = _still(lambda: descendants(roots), 1.0)
+    left = _still(lambda: descendants(roots))
     uids = worker_uids(sb)
     uid_left = [p for p, i in proc_table().items() if i["uid"] in uids and i["state"] != "Z"]
     ended = took < limits.wall_s + 3
