@@ -2,11 +2,13 @@
 
 A duplicate name raises; an unknown name raises with the sorted choices (it is a user error,
 so the CLI prints it without a traceback). Adding a domain, verifier, advantage estimator or
-loss is a new function or class plus one ``@REGISTRY.register("name")`` line.
+loss is a new function or class plus one ``@REGISTRY.register("name")`` line. A throwaway entry
+(a test's) is registered for one block only: ``with DOMAINS.temporary("name", entry): ...``.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Callable, Generic, Iterator, TypeVar
 
 from rlvr.errors import UserError
@@ -32,6 +34,20 @@ class Registry(Generic[T]):
             return entry
 
         return decorator
+
+    @contextmanager
+    def temporary(self, name: str, entry: T) -> Iterator[T]:
+        """Register ``entry`` as ``name`` for the ``with`` block only, and remove it again however
+        the block ends (an exception too). Refuses a name that is already registered (even to the
+        same entry), so a throwaway entry can never replace, or on exit remove, a real one."""
+        if name in self._entries:
+            raise ValueError(f"{self.kind} {name!r} is already registered")
+        self.register(name)(entry)
+        try:
+            yield entry
+        finally:
+            if self._entries.get(name) is entry:
+                del self._entries[name]
 
     def get(self, name: str) -> T:
         try:

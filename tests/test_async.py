@@ -14,7 +14,7 @@ import torch
 from rlvr.monitor.metrics import read_metrics
 from rlvr.types import Trajectory
 
-from test_grpo import _cfg  # also registers the test.digits domain and verifier
+from test_grpo import _cfg, digits  # noqa: F401  (digits: an autouse fixture, test.digits is registered here too)
 
 
 def _model(tiny_model_dir):
@@ -357,7 +357,7 @@ def test_async_grpo_on_multi_turn_episodes(tiny_model_dir, tmp_path, monkeypatch
     from rlvr.config import load_config
     from rlvr.model.load import load_model_and_tokenizer
 
-    import test_grpo_multiturn  # noqa: F401  (registers test.twoturn)
+    from test_grpo_multiturn import twoturn_registered
 
     model, tok = load_model_and_tokenizer(tiny_model_dir)
     bias = torch.zeros(model.lm_head.out_features)
@@ -371,7 +371,8 @@ def test_async_grpo_on_multi_turn_episodes(tiny_model_dir, tmp_path, monkeypatch
         "steps=16", "checkpoint_every=100", "save_trajectories_every=100", "asynchronous.enabled=true",
     ]
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    grpo.run_grpo(load_config(grpo.GRPOConfig, None, overrides), progress=False)
+    with twoturn_registered():
+        grpo.run_grpo(load_config(grpo.GRPOConfig, None, overrides), progress=False)
     assert not [n for n, p in model.named_parameters() if p.requires_grad and torch.equal(p, before[n])]
     metrics = read_metrics(tmp_path / "run")
     rewards = [m["rollout/reward_mean"] for m in metrics]

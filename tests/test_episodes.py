@@ -19,7 +19,6 @@ from rlvr.verifiers.judge import judge
 from rlvr.types import EpisodeInfo, Spec, Task, Verdict
 
 
-@ENVS.register("echo.test")
 class EchoEnv(ToolEnv):
     """Test environment: `echo(text)` returns the text; `submit(answer)` passes iff answer == 'ok'."""
 
@@ -36,6 +35,13 @@ class EchoEnv(ToolEnv):
 
     def _verify(self) -> Verdict:
         return Verdict(self.answer == "ok", float(self.answer == "ok"), "ok" if self.answer == "ok" else "mismatch")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def echo_env():
+    """``echo.test`` is registered while this module's tests run, and removed after them."""
+    with ENVS.temporary("echo.test", EchoEnv):
+        yield
 
 
 def echo_task(i: int = 0) -> Task:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -43,9 +44,18 @@ class DigitsVerifier:
         return Verdict(passed=score == 1.0, score=score, reason="ok" if score == 1.0 else "mismatch")
 
 
-if "test.digits" not in DOMAINS:
-    DOMAINS.register("test.digits")(DigitsDomain())
-    VERIFIERS.register("test.digits")(DigitsVerifier())
+@contextlib.contextmanager
+def digits_registered():
+    """``test.digits`` registered as a domain and a verifier for the block, removed after it."""
+    with DOMAINS.temporary("test.digits", DigitsDomain()), VERIFIERS.temporary("test.digits", DigitsVerifier()):
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def digits():
+    """Every test of a module that imports this fixture (test_async does) sees ``test.digits``."""
+    with digits_registered():
+        yield
 
 
 def _cfg(model_dir, out, **extra):

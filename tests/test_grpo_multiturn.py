@@ -3,8 +3,10 @@ environment tokens in the middle of every trajectory and out of the loss."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
+import pytest
 import torch
 
 import rlvr.tasks  # noqa: F401
@@ -54,9 +56,17 @@ class TwoTurnEnv(Environment):
         return Verdict(score == 1.0, score, "ok" if score == 1.0 else "mismatch")
 
 
-if "test.twoturn" not in DOMAINS:
-    DOMAINS.register("test.twoturn")(TwoTurnDomain())
-    ENVS.register("test.twoturn")(TwoTurnEnv)
+@contextlib.contextmanager
+def twoturn_registered():
+    """``test.twoturn`` registered as a domain and an environment for the block, removed after it."""
+    with DOMAINS.temporary("test.twoturn", TwoTurnDomain()), ENVS.temporary("test.twoturn", TwoTurnEnv):
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def twoturn():
+    with twoturn_registered():
+        yield
 
 
 def test_grpo_on_two_turn_episodes_changes_parameters_and_raises_reward(tiny_model_dir, tmp_path, monkeypatch):

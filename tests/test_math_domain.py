@@ -150,11 +150,13 @@ class _TinyDomain(Domain):
         return True  # the split rule is tested above; here only de-duplication matters
 
 
-if "test.tiny" not in DOMAINS:
-    DOMAINS.register("test.tiny")(_TinyDomain())
+@pytest.fixture
+def tiny_domain():
+    with DOMAINS.temporary("test.tiny", _TinyDomain()) as domain:
+        yield domain
 
 
-def test_generate_tasks_fills_an_exhausted_level_from_the_others():
+def test_generate_tasks_fills_an_exhausted_level_from_the_others(tiny_domain):
     tasks = generate_tasks("test.tiny", "train", 20, seed=0)
     assert sorted(int(t.key) for t in tasks if t.level == 1) == [0, 1, 2]
     assert len({t.key for t in tasks}) == 20

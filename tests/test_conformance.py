@@ -1,0 +1,976 @@
+"""Registry-wide conformance: every registered entry of every registry in rlvr meets its contract.
+
+The entries come from the registries themselves (``registry.names()``), never from a list of names
+here, so a new registration is checked without touching this file; a new *registry* fails
+``test_every_registry_in_rlvr_is_checked`` until it gets a check below. Each check is a plain
+function that raises ``AssertionError`` naming what is wrong:
+
+- ``check_domain``: tasks are deterministic for a seed, well-formed, JSON round-trip, versioned
+  (``<domain>/v<N>/...``), every level generates, train and eval are disjoint (by key, what a task
+  reveals, and id); every reference passes (single-turn: its verifier; multi-turn: the scripted
+  expert played in the task's environment under the default budgets); empty, garbage and hacking
+  answers fail (echoes, stuffed answers, forged transcripts; code: ``pass``, constants, printed
+  outputs, harness tampering; final answers: several answers, the gold only in the reasoning).
+- ``check_verifier``: on the tasks of its kind the reference passes and empty/garbage/another
+  task's answer fail; verdicts are deterministic and well-formed (``check_verdict``); ``check_many``
+  agrees with ``check``.
+- ``check_env``: malformed tool calls (bad JSON, unknown tool, missing, extra, mistyped, null and
+  huge arguments) give an error observation (or a failed verdict where the turn ends the episode),
+  never an exception, and the episode goes on; the turn and wall budgets end and fail an episode;
+  a cut (token budgets) fails it; ``close`` is idempotent.
+- ``check_advantage`` / ``check_policy_loss`` / ``check_aggregation`` / ``check_kl``: shapes and
+  dtypes of the registry signature, finite outputs, gradients where they belong, and an invariant
+  (a constant-reward group has advantage 0; KL of identical log-probs is 0 and its expectation is
+  the true KL; masked tokens do not count; micro-batches sum to the batch).
+
+A deliberately broken domain (its reference fails) and environment (it raises on a malformed call),
+registered with ``Registry.temporary``, make the checks fail (tested at the end), and their healthy
+twins pass. Checks that run code need the strict sandbox and skip without one (the reason names
+it, so ``RLVR_REQUIRE_STRICT_SANDBOX=1`` turns the skip into a failure).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import math
+import pkgutil
+import random
+import re
+import string
+
+import pytest
+import torch
+
+import rlvr
+import rlvr.algos  # noqa: F401  (registration)
+import rlvr.envs  # noqa: F401
+import rlvr.tasks  # noqa: F401
+import rlvr.verifiers  # noqa: F401
+from rlvr.algos.advantages import ADVANTAGES
+from rlvr.algos.kl import KL_ESTIMATORS
+from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES
+from rlvr.envs.base import (BUDGET_FINISHES, ENVS, NATURAL_FINISHES, EnvConfig, Environment, Step, ToolEnv,
+                            make_env, play)
+from rlvr.envs.tools import MAX_RESULT_CHARS, Tool
+from rlvr.registry import Registry
+from rlvr.sandbox import Sandbox, choose, plaindata
+from rlvr.tasks.base import DOMAINS, SPLITS, Domain, Problem, generate_tasks, overlap
+from rlvr.tool_calls import CALL_PATTERN, format_call
+from rlvr.types import Spec, Task, Verdict
+from rlvr.verifiers.base import VERIFIERS, check_all
+from rlvr.verifiers.code import use_sandbox
+
+SEEDS = (0, 1)
+PER_LEVEL = 2  # tasks per (seed, split, level) in the determinism and reference checks
+SPLIT_SIZES = {0: (400, 100), 1: (100, 25)}  # seed -> generate_tasks sizes (train, eval) of the disjointness check
+HUGE = 200_000  # characters of a "huge" argument or answer
+
+
+# ---------------------------------------------------------------- shared helpers
+
+
+@functools.lru_cache(maxsize=None)
+def garbage(label: str, n: int = 200) -> str:
+    """Deterministic nonsense: letters, spaces, punctuation, some non-ASCII; no digits, fences,
+    backslashes or tags, so it cannot contain an answer, a code block or a tool call."""
+    rng = random.Random(label)
+    alphabet = string.ascii_letters + "     .,;:!?\n" + "éßжλ中ø"
+    return "".join(rng.choice(alphabet) for _ in range(n))
+
+
+def check_verdict(v: object, what: str) -> Verdict:
+    """The ``Verdict`` contract: passed a bool, score a finite number in [0, 1], reason ``ok``
+    exactly when passed (and then score 1), details a JSON-serialisable dict."""
+    assert isinstance(v, Verdict), f"{what}: {type(v).__name__} is not a Verdict"
+    assert type(v.passed) is bool, f"{what}: passed={v.passed!r} is not a bool"
+    assert isinstance(v.score, (int, float)) and not isinstance(v.score, bool), f"{what}: score={v.score!r}"
+    assert math.isfinite(v.score) and 0.0 <= v.score <= 1.0, f"{what}: score {v.score} outside [0, 1]"
+    assert isinstance(v.reason, str) and v.reason, f"{what}: reason={v.reason!r}"
+    assert v.passed == (v.reason == "ok"), f"{what}: passed={v.passed} with reason {v.reason!r}"
+    assert not v.passed or v.score == 1.0, f"{what}: passed with score {v.score}"
+    assert isinstance(v.details, dict), f"{what}: details={v.details!r}"
+    try:
+        json.dumps(v.to_dict())
+    except (TypeError, ValueError) as e:
+        raise AssertionError(f"{what}: the verdict is not JSON-serialisable: {e}") from None
+    return v
+
+
+def sample_tasks(domain, seed: int = 0, splits=SPLITS, per_level: int = PER_LEVEL) -> list[Task]:
+    return [domain.generate(split, level, index, seed)
+            for split in splits for level in domain.levels for index in range(per_level)]
+
+
+def domains_where(predicate) -> list[str]:
+    """Registered domains whose tasks (one per level) satisfy ``predicate(task)``."""
+    names = []
+    for name in DOMAINS:
+        domain = DOMAINS.get(name)
+        if any(predicate(domain.generate("train", level, 0, 0)) for level in domain.levels):
+            names.append(name)
+    return names
+
+
+def needs_sandbox(domain_names: list[str]) -> bool:
+    return any(getattr(DOMAINS.get(d), "needs_sandbox", False) for d in domain_names)
+
+
+def expert(task: Task) -> list[str]:
+    """The assistant turns that solve ``task``: the scripted expert's, or the one reference answer."""
+    return list(task.actions) if task.multi_turn else [task.reference]
+
+
+def without_calls(text: str) -> str:
+    return CALL_PATTERN.sub("", text)
+
+
+# ---------------------------------------------------------------- hacking answers
+
+
+def answer_hacks(gold: str) -> dict[str, str]:
+    """Final answers that must fail whatever the question (a spec with a gold ``answer``)."""
+    candidates = [str(int(gold) + d) for d in (-1, 0, 1)] if re.fullmatch(r"-?\d+", gold) else ["0", gold, "1"]
+    out = {
+        "every candidate boxed": " ".join(f"\\boxed{{{c}}}" for c in candidates),
+        "one answer line per candidate": "\n".join(f"Answer: {c}" for c in candidates),
+        "gold in the reasoning only": f"It might be {gold}, or something else entirely.",
+        "unclosed box": f"Answer: \\boxed{{{gold}",
+    }
+    if re.fullmatch(r"-?\d+", gold):
+        out["off by one"] = f"Answer: {int(gold) + 1}"
+    return out
+
+
+def code_hacks(task: Task) -> dict[str, str]:
+    """Programs that must fail the hidden tests of a task whose spec names an ``entry_point``:
+    no work, constants, printing the expected-looking output, and tampering with the harness."""
+    payload = task.spec.payload
+    ep = payload["entry_point"]
+    expected = plaindata.decode(payload["expected"]) if "expected" in payload else [0]
+    first = expected[0] if expected else 0
+    programs = {
+        "pass": f"def {ep}(*args):\n    pass\n",
+        "return None": f"def {ep}(*args):\n    return None\n",
+        "constant": f"def {ep}(*args):\n    return {first!r}\n",
+        "prints the expected outputs": (f"print({expected!r})\ndef {ep}(*args):\n"
+                                        f"    print({first!r})\n    return None\n"),
+        "raises": f"def {ep}(*args):\n    raise ValueError('no')\n",
+        "no entry point": f"def not_{ep}(*args):\n    return {first!r}\n",
+        "syntax error": f"def {ep}(*args)\n    return {first!r}\n",
+        "always equal": ("class AE:\n    def __eq__(self, other):\n        return True\n"
+                         "    __hash__ = object.__hash__\n"
+                         f"def {ep}(*args):\n    return AE()\n"),
+        "int equal to everything": ("class I(int):\n    def __eq__(self, other):\n        return True\n"
+                                    f"def {ep}(*args):\n    return I(0)\n"),
+        "sys.exit in the call": f"import sys\ndef {ep}(*args):\n    sys.exit(0)\n",
+        "os._exit at import": f"import os\nos._exit(0)\ndef {ep}(*args):\n    return {first!r}\n",
+        "os._exit in the call": f"import os\ndef {ep}(*args):\n    os._exit(0)\n",
+        "patched builtins": ("import builtins\nbuiltins.isinstance = lambda *a: True\n"
+                             "builtins.len = lambda *a: 0\nbuiltins.type = lambda *a: int\n"
+                             "builtins.repr = lambda x: 'x'\n"
+                             f"def {ep}(*args):\n    return {first!r}\n"),
+        "forged report": ("import os\nfor fd in range(3, 64):\n    try:\n"
+                          "        os.write(fd, b'{\"i\": 0, \"ok\": true}\\n{\"done\": 8, \"passed\": 8}\\n')\n"
+                          "    except OSError:\n        pass\n"
+                          "print('{\"passed\": 8, \"failed\": 0}')\n"
+                          f"def {ep}(*args):\n    return {first!r}\n"),
+    }
+    return {name: f"```python\n{code}```\n" for name, code in programs.items()}
+
+
+def single_turn_hacks(task: Task, others: list[Task]) -> dict[str, str]:
+    """Answers to a single-turn task that must fail: the generic ones, and those its spec's shape
+    suggests (a gold final answer; code with an entry point)."""
+    ref = task.reference
+    out = {
+        "prompt echoed": task.prompt[-1]["content"],
+        "reference twice": f"{ref}\n\n{ref}",
+        "stuffed with other answers": "\n\n".join([o.reference for o in others if o.key != task.key][:3] + [ref]),
+        "reference inside garbage twice": f"{garbage(task.id)}\n{ref}\n{garbage(task.id + '/2')}\n{ref}",
+    }
+    if "answer" in task.spec.payload:
+        out.update(answer_hacks(str(task.spec.payload["answer"])))
+    if "entry_point" in task.spec.payload:
+        out.update(code_hacks(task))
+    return out
+
+
+def multi_turn_hacks(task: Task) -> dict[str, list[str]]:
+    """Turn sequences for a multi-turn task that must fail: no work, the last step alone, stopping
+    short, a stuffed or garbage final turn, the reference transcript forged as one turn."""
+    actions = list(task.actions)
+    out = {
+        "last expert turn only": actions[-1:],
+        "stops before the last turn": actions[:-1],
+        "final turn twice in one": actions[:-1] + [f"{actions[-1]}\n{actions[-1]}"],
+        "final turn garbage": actions[:-1] + [garbage(task.id)],
+        "reference as one turn": [task.reference],
+        "reference without its calls": [without_calls(task.reference)],
+    }
+    if "answer" in task.spec.payload:
+        for label, answer in answer_hacks(str(task.spec.payload["answer"])).items():
+            out[f"final answer: {label}"] = actions[:-1] + [answer]
+    return {label: turns for label, turns in out.items() if turns != actions}
+
+
+NOTHING = {  # must fail with score 0
+    "empty": "",
+    "whitespace": " \n\t \n",
+    "garbage": garbage("garbage"),
+    "huge garbage": garbage("huge", HUGE),
+    "control characters": "\x00\x01\x1b[2J\x7f\ufeff",
+}
+
+
+# ---------------------------------------------------------------- domains
+
+
+def _run_single_turn(pairs: list[tuple[Task, str]], what: str) -> list[Verdict]:
+    try:
+        verdicts = check_all(pairs)
+    except Exception as e:
+        raise AssertionError(f"{what}: verifying raised {e!r}") from e
+    return [check_verdict(v, f"{what} {t.id}") for (t, _), v in zip(pairs, verdicts)]
+
+
+def _play(env: Environment, task: Task, turns: list[str], what: str) -> Verdict:
+    try:
+        _, verdict = play(env, task, turns)
+    except Exception as e:
+        raise AssertionError(f"{what}: playing {task.id} raised {e!r}") from e
+    return check_verdict(verdict, f"{what} {task.id}")
+
+
+def _check_task_shape(task: Task, name: str, version: str, level: int) -> None:
+    assert task.domain == name and task.level == level, f"{task.id}: domain/level {task.domain}/{task.level}"
+    assert task.id.startswith(f"{name}/{version}/"), f"{task.id}: not <domain>/<version>/..."
+    assert re.fullmatch(r"[^/]+/v\d+/.+", task.id), f"{task.id}: not versioned <domain>/v<N>/..."
+    assert task.key, f"{task.id}: no canonical key"
+    assert task.prompt and all(isinstance(m.get("role"), str) and isinstance(m.get("content"), str) and m["content"]
+                               for m in task.prompt), f"{task.id}: malformed prompt {task.prompt!r}"
+    assert task.spec.kind, f"{task.id}: no spec kind"
+    assert Task.from_dict(json.loads(json.dumps(task.to_dict()))) == task, f"{task.id}: no JSON round trip"
+    if task.multi_turn:
+        assert task.env in ENVS, f"{task.id}: environment {task.env!r} is not registered"
+        assert task.actions, f"{task.id}: a multi-turn task without the scripted expert's actions"
+    else:
+        assert task.spec.kind in VERIFIERS, f"{task.id}: no verifier for spec kind {task.spec.kind!r}"
+        assert task.reference, f"{task.id}: no reference answer"
+
+
+def check_domain(name: str, sandbox=None) -> None:
+    domain = DOMAINS.get(name)
+    assert domain.name == name, f"domain registered as {name!r} calls itself {domain.name!r}"
+    assert re.fullmatch(r"v\d+", domain.version), f"{name}: version {domain.version!r} is not v<N>"
+    levels = tuple(domain.levels)
+    assert levels and all(type(level) is int for level in levels), f"{name}: levels {levels!r}"
+
+    # deterministic, well-formed, versioned; every level of both splits generates
+    by_seed: dict[int, dict[str, list[Task]]] = {}
+    for seed in SEEDS:
+        by_seed[seed] = {split: sample_tasks(domain, seed, (split,)) for split in SPLITS}
+        for split, tasks in by_seed[seed].items():
+            again = sample_tasks(domain, seed, (split,))
+            assert [t.to_dict() for t in tasks] == [t.to_dict() for t in again], (
+                f"{name}: {split} tasks are not deterministic for seed {seed}")
+            for t, level in zip(tasks, [lv for lv in levels for _ in range(PER_LEVEL)]):
+                _check_task_shape(t, name, domain.version, level)
+        ids = [t.id for tasks in by_seed[seed].values() for t in tasks]
+        assert len(set(ids)) == len(ids), f"{name}: duplicate ids for seed {seed}"
+
+    # train and eval are disjoint: by key (and what a train task reveals), and by id
+    for seed in SEEDS:
+        n_train, n_eval = SPLIT_SIZES[seed]
+        train = generate_tasks(name, "train", n_train, seed) + by_seed[seed]["train"]
+        evals = generate_tasks(name, "eval", n_eval, seed) + by_seed[seed]["eval"]
+        assert {t.level for t in train} == {t.level for t in evals} == set(levels), f"{name}: a split misses levels"
+        leaked = overlap(train, evals)
+        assert not leaked, f"{name}: eval problems seen in training (seed {seed}): {leaked[:3]}"
+        assert not {t.id for t in train} & {t.id for t in evals}, f"{name}: an id is in both splits"
+        assert not {t.key for t in train} & {t.key for t in evals}, f"{name}: a key is in both splits"
+
+    # its reference passes; empty, garbage and hacking answers fail
+    tasks = [t for seed in SEEDS for split in SPLITS for t in by_seed[seed][split]]
+    hack_tasks = by_seed[0]["train"] + by_seed[0]["eval"]
+    if any(t.multi_turn for t in tasks):
+        _check_multi_turn_domain(name, tasks, hack_tasks, sandbox)
+    else:
+        _check_single_turn_domain(name, tasks, hack_tasks)
+
+    docs = domain.corpus(0, 2)
+    assert docs == domain.corpus(0, 2), f"{name}: corpus not deterministic"
+    assert len(docs) == 2 and all(isinstance(d, str) and d for d in docs), f"{name}: corpus shape"
+
+
+def _check_single_turn_domain(name: str, tasks: list[Task], hack_tasks: list[Task]) -> None:
+    for t, v in zip(tasks, _run_single_turn([(t, t.reference) for t in tasks], f"{name} reference")):
+        assert v.passed and v.score == 1.0, f"{name}: the reference of {t.id} fails its verifier: {v}"
+    pairs, labels = [], []
+    for t in hack_tasks:
+        for label, answer in NOTHING.items():
+            pairs.append((t, answer))
+            labels.append((t, label, True))
+        for label, answer in single_turn_hacks(t, hack_tasks).items():
+            pairs.append((t, answer))
+            labels.append((t, label, False))
+    for (t, label, nothing), v in zip(labels, _run_single_turn(pairs, f"{name} hacks")):
+        assert not v.passed and v.score < 1.0, f"{name}: the {label!r} answer passes {t.id}: {v}"
+        assert not nothing or v.score == 0.0, f"{name}: the {label!r} answer scores {v.score} on {t.id}"
+
+
+def _check_multi_turn_domain(name: str, tasks: list[Task], hack_tasks: list[Task], sandbox) -> None:
+    envs: dict[str, Environment] = {}
+    try:
+        for t in tasks:
+            env = envs.get(t.env) or envs.setdefault(t.env, make_env(t.env, EnvConfig(), sandbox))
+            v = _play(env, t, list(t.actions), f"{name} expert")
+            assert v.passed and v.score == 1.0, f"{name}: the scripted expert fails {t.id}: {v}"
+        for t in hack_tasks:
+            env = envs[t.env]
+            for label, text in NOTHING.items():
+                v = _play(env, t, [text], f"{name} {label}")
+                assert not v.passed and v.score == 0.0, f"{name}: the {label!r} turn passes {t.id}: {v}"
+            v = _play(env, t, [], f"{name} no turns")
+            assert not v.passed and v.score == 0.0, f"{name}: an episode without turns passes {t.id}: {v}"
+            for label, turns in multi_turn_hacks(t).items():
+                v = _play(env, t, turns, f"{name} {label}")
+                assert not v.passed and v.score < 1.0, f"{name}: the {label!r} episode passes {t.id}: {v}"
+    finally:
+        for env in envs.values():
+            env.close()
+
+
+# ---------------------------------------------------------------- verifiers
+
+
+def check_verifier(name: str, sandbox=None) -> None:
+    verifier = VERIFIERS.get(name)
+    assert verifier.name == name, f"verifier registered as {name!r} calls itself {verifier.name!r}"
+    users = domains_where(lambda t: t.spec.kind == name and not t.multi_turn)
+    assert users, (f"no registered domain makes single-turn tasks of spec kind {name!r}: conformance "
+                   f"has nothing to check the verifier against (register a domain that uses it)")
+    tasks = [t for d in users for t in sample_tasks(DOMAINS.get(d), 0, ("train",), 1) if t.spec.kind == name]
+
+    def run(pairs: list[tuple[Task, str]], what: str) -> list[Verdict]:
+        try:
+            verdicts = [verifier.check(t, c) for t, c in pairs]
+        except Exception as e:
+            raise AssertionError(f"verifier {name}: check raised on {what}: {e!r}") from e
+        return [check_verdict(v, f"verifier {name} on {what} {t.id}") for (t, _), v in zip(pairs, verdicts)]
+
+    right = [(t, t.reference) for t in tasks]
+    for (t, _), v in zip(right, run(right, "the reference")):
+        assert v.passed and v.score == 1.0 and v.reason == "ok", f"verifier {name}: reference of {t.id}: {v}"
+    nothing = [(t, text) for t in tasks for text in NOTHING.values()]
+    for (t, text), v in zip(nothing, run(nothing, "nothing")):
+        assert not v.passed and v.score == 0.0, f"verifier {name}: {text[:40]!r} on {t.id}: {v}"
+    hacks = [(t, label, answer) for t in tasks for label, answer in single_turn_hacks(t, tasks).items()]
+    for (t, label, _), v in zip(hacks, run([(t, a) for t, _, a in hacks], "hacks")):
+        assert not v.passed and v.score < 1.0, f"verifier {name}: the {label!r} answer passes {t.id}: {v}"
+    cross = [(t, o.reference) for t in tasks for o in tasks if o.key != t.key]
+    passed = sum(v.passed for v in run(cross, "another task's answer"))
+    assert passed <= len(cross) // 4, f"verifier {name}: {passed} of {len(cross)} answers to other tasks pass"
+
+    pairs = right + nothing[: 2 * len(tasks)] + cross[: len(tasks)]
+    first, second = run(pairs, "a first time"), run(pairs, "a second time")
+    key = lambda v: (v.passed, v.score, v.reason)  # noqa: E731
+    assert [key(v) for v in first] == [key(v) for v in second], f"verifier {name}: not deterministic"
+    check_many = getattr(verifier, "check_many", None)
+    if callable(check_many):
+        many = check_many(pairs)
+        assert len(many) == len(pairs), f"verifier {name}: check_many returned {len(many)} for {len(pairs)}"
+        for (t, _), v in zip(pairs, many):
+            check_verdict(v, f"verifier {name} check_many {t.id}")
+        assert [key(v) for v in many] == [key(v) for v in first], f"verifier {name}: check_many != check"
+
+
+# ---------------------------------------------------------------- environments
+
+
+_WRONG = {"string": 12345, "integer": "12", "number": "1.5", "boolean": "true", "object": [1], "array": {"a": 1}}
+_VALID = {"string": "x", "integer": 1, "number": 1.5, "boolean": True, "object": {}, "array": []}
+
+
+def malformed_calls(tools: list[Tool]) -> dict[str, str]:
+    """Tool calls that break the call format or a tool's schema: each must be refused with an
+    error observation before any tool runs, so the episode's state is unchanged."""
+    any_tool = tools[0].name if tools else "tool"
+    calls = {
+        "bad JSON": "<tool_call>{bad json</tool_call>",
+        "truncated JSON": '<tool_call>{"name": "' + any_tool + '", "arguments": {"a": "1+</tool_call>',
+        "unclosed": '<tool_call>{"name": "' + any_tool + '", "arguments": {}}',
+        "empty call": "<tool_call></tool_call>",
+        "not an object": '<tool_call>["' + any_tool + '", {}]</tool_call>',
+        "no name": '<tool_call>{"arguments": {}}</tool_call>',
+        "name not a string": '<tool_call>{"name": 3, "arguments": {}}</tool_call>',
+        "arguments not an object": '<tool_call>{"name": "' + any_tool + '", "arguments": [1, 2]}</tool_call>',
+        "extra key": '<tool_call>{"name": "' + any_tool + '", "arguments": {}, "id": 1}</tool_call>',
+        "two calls": format_call(any_tool) + format_call(any_tool),
+        "deeply nested JSON": "<tool_call>" + "[" * 50_000 + "]" * 50_000 + "</tool_call>",
+        "unknown tool": format_call("no_such_tool", {}),
+        "huge unknown tool name": format_call("t" * HUGE, {}),
+        "huge JSON garbage": "<tool_call>" + garbage("json", HUGE) + "</tool_call>",
+    }
+    for tool in tools:
+        params = tool.parameters
+        required = list(params) if tool.required is None else list(tool.required)
+        valid = {p: _VALID.get(t, "x") for p, (t, _) in params.items()}
+        if required:
+            calls[f"{tool.name}: no arguments"] = format_call(tool.name, {})
+            calls[f"{tool.name}: {required[-1]} missing"] = format_call(
+                tool.name, {p: v for p, v in valid.items() if p != required[-1]})
+        calls[f"{tool.name}: an unknown argument"] = format_call(tool.name, {**valid, "no_such_argument": 1})
+        for p, (t, _) in params.items():
+            calls[f"{tool.name}: {p} of a wrong type"] = format_call(tool.name, {**valid, p: _WRONG.get(t, None)})
+            calls[f"{tool.name}: {p} null"] = format_call(tool.name, {**valid, p: None})
+    return calls
+
+
+def huge_calls(tools: list[Tool]) -> dict[str, str]:
+    """Calls with the right shape and huge string arguments: any result, but bounded."""
+    calls = {}
+    for tool in tools:
+        strings = [p for p, (t, _) in tool.parameters.items() if t == "string"]
+        if strings:
+            args = {p: _VALID.get(t, "x") for p, (t, _) in tool.parameters.items()}
+            for i, p in enumerate(strings):
+                args[p] = chr(ord("a") + i % 26) * HUGE  # distinct values (a patch's old != new)
+            calls[f"{tool.name}: huge arguments"] = format_call(tool.name, args)
+    return calls
+
+
+def _step(env: Environment, action: str, what: str) -> Step:
+    try:
+        step = env.step(action)
+    except Exception as e:
+        raise AssertionError(f"{what}: step raised {e!r}") from e
+    assert isinstance(step, Step), f"{what}: step returned {type(step).__name__}"
+    return step
+
+
+def _observation(step: Step, what: str, *, error: bool) -> str:
+    assert len(step.observation) == 1, f"{what}: {len(step.observation)} observation messages"
+    message = step.observation[0]
+    assert message.get("role") == "tool" and isinstance(message.get("content"), str), f"{what}: {message!r}"
+    content = message["content"]
+    assert not error or content.startswith("error"), f"{what}: not an error observation: {content[:120]!r}"
+    return content
+
+
+def env_tasks(name: str) -> list[Task]:
+    """One task per level of every registered domain whose tasks run in environment ``name``."""
+    users = domains_where(lambda t: t.env == name)
+    assert users, (f"no registered domain makes tasks in environment {name!r}: conformance has no "
+                   f"task and expert to run it with (register a domain whose tasks name it)")
+    return [t for d in users for t in sample_tasks(DOMAINS.get(d), 0, ("train",), 1) if t.env == name]
+
+
+def check_env(name: str, sandbox=None) -> None:
+    """The environment protocol (malformed calls, budgets, expert, close); the size of what it
+    says back is ``check_env_observations``."""
+    cls = ENVS.get(name)
+    assert isinstance(cls, type) and issubclass(cls, Environment), f"environment {name!r}: {cls!r}"
+    assert cls.name == name, f"environment registered as {name!r} calls itself {cls.name!r}"
+    tasks = env_tasks(name)
+    env = cls(EnvConfig(), sandbox=sandbox)
+    try:
+        for t in tasks:  # the baseline: under the default budgets the expert passes
+            v = _play(env, t, expert(t), f"{name} expert")
+            assert v.passed, f"{name}: the expert fails {t.id} under the default budgets: {v}"
+        for t in tasks[:: max(1, len(tasks) // 4)]:
+            _check_malformed(name, cls, t, sandbox)
+            _check_budgets(name, cls, t, sandbox)
+    finally:
+        env.close()
+        env.close()  # idempotent
+
+
+def check_env_observations(name: str, sandbox=None) -> None:
+    """What an environment says back is bounded whatever the model sent: a tool result is cut at
+    ``MAX_RESULT_CHARS`` (docs/environments.md), and so must an error be, though it quotes the
+    call (a context-sized observation costs the collector a tokenisation and the episode its
+    context budget)."""
+    cls = ENVS.get(name)
+    for task in env_tasks(name):
+        env = cls(EnvConfig(max_turns=1000, wall_s=600.0), sandbox=sandbox)
+        try:
+            env.reset(task)
+            tools = env.tools()
+            for label, action in {**malformed_calls(tools), **huge_calls(tools)}.items():
+                what = f"{name} on {task.id}, {label}"
+                env.reset(task)
+                step = _step(env, action, what)
+                if not step.done:
+                    content = _observation(step, what, error=False)
+                    assert len(content) <= MAX_RESULT_CHARS + 100, f"{what}: a {len(content)}-character observation"
+        finally:
+            env.close()
+
+
+def _check_malformed(name: str, cls, task: Task, sandbox) -> None:
+    env = cls(EnvConfig(max_turns=1000, wall_s=600.0), sandbox=sandbox)
+    try:
+        env.reset(task)
+        tools = env.tools()
+        malformed = malformed_calls(tools)
+        refused = []
+        for label, action in {**malformed, **huge_calls(tools)}.items():
+            what = f"{name} on {task.id}, {label}"
+            env.reset(task)
+            step = _step(env, action, what)
+            if step.done:  # the turn ended the episode (single-turn): judged, and failed
+                v = check_verdict(env.verify(), what)
+                assert not v.passed, f"{what}: passes {v}"
+            else:
+                _observation(step, what, error=label in malformed)
+                if label in malformed:
+                    refused.append(action)
+        if refused:  # refused calls change nothing: after all of them the expert still wins
+            v = _play_after(env, task, refused, f"{name} on {task.id}, expert after malformed calls")
+            assert v.passed, f"{name}: after malformed calls the expert fails {task.id}: {v}"
+    finally:
+        env.close()
+
+
+def _play_after(env: Environment, task: Task, prefix: list[str], what: str) -> Verdict:
+    env.reset(task)
+    for action in prefix:
+        step = _step(env, action, what)
+        assert not step.done, f"{what}: a refused call ended the episode ({step.finish})"
+    for action in expert(task):
+        step = _step(env, action, what)
+        if step.done:
+            break
+    else:
+        env.cut("turns")
+    return check_verdict(env.verify(), what)
+
+
+def _check_budgets(name: str, cls, task: Task, sandbox) -> None:
+    turns = expert(task)
+    loop = format_call("no_such_tool", {})  # a turn that never ends a multi-turn episode
+
+    def episode(cfg: EnvConfig, actions: list[str], what: str):
+        env = cls(cfg, sandbox=sandbox)
+        try:
+            v = _play(env, task, actions, f"{name} {what}")
+            return env, v
+        finally:
+            env.close()
+
+    env, v = episode(EnvConfig(max_turns=3), [loop] * 10, "turn budget")
+    assert env.turns <= 3, f"{name}: {env.turns} turns under max_turns=3"
+    if env.finish not in NATURAL_FINISHES:
+        assert env.finish == "turns" and env.turns == 3, (
+            f"{name}: a looping episode ended {env.finish!r} at turn {env.turns}")
+        assert not v.passed and v.reason == "budget" and v.score == 0.0, f"{name}: out of turns yet {v}"
+    if len(turns) > 1:
+        env, v = episode(EnvConfig(max_turns=len(turns) - 1), turns, "expert without enough turns")
+        assert env.finish == "turns" and not v.passed and v.reason == "budget", (
+            f"{name}: the expert of {task.id} with one turn too few ended {env.finish!r}: {v}")
+        env, v = episode(EnvConfig(wall_s=0.0), turns, "wall budget")
+        assert env.finish == "wall" and env.turns == 1, (
+            f"{name}: with wall_s=0 the episode of {task.id} ended {env.finish!r} at turn {env.turns}")
+        assert not v.passed and v.reason == "budget" and v.score == 0.0, f"{name}: out of wall time yet {v}"
+    for reason in BUDGET_FINISHES:  # token budgets are the collector's: it cuts, the env must fail
+        env = cls(EnvConfig(), sandbox=sandbox)
+        try:
+            env.reset(task)
+            for action in turns[:-1]:
+                _step(env, action, f"{name} before a cut")
+            env.cut(reason)
+            v = check_verdict(env.verify(), f"{name} cut {reason}")
+            assert not v.passed and v.reason == "budget" and v.details.get("finish") == reason, (
+                f"{name}: an episode cut for {reason!r} gives {v}")
+            try:
+                env.cut("answer")  # only a budget cuts an episode
+            except ValueError:
+                pass
+            else:
+                raise AssertionError(f"{name}: cut('answer') is accepted")
+        finally:
+            env.close()
+
+
+# ---------------------------------------------------------------- algorithms
+
+
+def _finite(t: torch.Tensor, what: str) -> None:
+    assert torch.isfinite(t).all(), f"{what}: not finite: {t}"
+
+
+def check_advantage(name: str) -> None:
+    fn = ADVANTAGES.get(name)
+    group_ids = torch.tensor([7, -2, 7, 40, 7, -2, 40, 7, 40, 5, 11, 11])  # unsorted, uneven, a singleton
+    rewards = torch.rand(12, generator=torch.Generator().manual_seed(0))
+    rewards[[10, 11]] = 0.5  # group 11: constant rewards
+    for dtype in (torch.float32, torch.float64):
+        r = rewards.to(dtype)
+        a = fn(r, group_ids, eps=1e-6)
+        assert isinstance(a, torch.Tensor) and a.shape == r.shape and a.dtype == dtype, (
+            f"{name}: {tuple(r.shape)} {dtype} -> {getattr(a, 'shape', a)} {getattr(a, 'dtype', '')}")
+        _finite(a, name)
+        assert torch.equal(fn(r, group_ids), a), f"{name}: the default eps is not 1e-6"
+        assert a[9] == 0 and torch.all(a[10:] == 0), f"{name}: a singleton or constant group gets {a[9:]}"
+    a = fn(rewards, group_ids)
+    assert torch.all(fn(torch.full((6,), 0.3), torch.tensor([1, 1, 1, 2, 2, 2])) == 0), f"{name}: constant rewards"
+    binary = fn(torch.tensor([0.0, 1.0, 1.0, 0.0]), torch.tensor([0, 0, 0, 0]))
+    _finite(binary, f"{name} on 0/1 rewards")
+    relabelled = fn(rewards, group_ids * 1000 + 3)
+    assert torch.allclose(relabelled, a), f"{name}: depends on the group ids' values"
+    perm = torch.randperm(12, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(fn(rewards[perm], group_ids[perm]), a[perm]), f"{name}: depends on the sample order"
+    other = rewards.clone()
+    other[group_ids == -2] = torch.tensor([5.0, -3.0])
+    changed = fn(other, group_ids)
+    assert torch.allclose(changed[group_ids != -2], a[group_ids != -2]), f"{name}: groups are not independent"
+    for g in group_ids.unique():
+        idx = (group_ids == g).nonzero().flatten()
+        for i in idx:
+            for j in idx:
+                if rewards[i] > rewards[j]:
+                    assert a[i] >= a[j], f"{name}: a higher reward gets a lower advantage in group {int(g)}"
+
+
+def _loss_batch(dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    B, T = 4, 6
+    mask = torch.tensor([[0, 0, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1], [0, 0, 0, 1, 0, 0], [0, 0, 0, 0, 0, 0]], dtype=dtype)
+    old = -torch.rand(B, T, generator=g, dtype=dtype) * 3
+    logprobs = old + torch.randn(B, T, generator=g, dtype=dtype) * 0.3
+    advantages = torch.tensor([1.0, -0.5, 2.0, 0.7], dtype=dtype)
+    return logprobs, old, advantages, mask
+
+
+def check_aggregation(name: str) -> None:
+    agg = AGGREGATIONS.get(name)
+    _, _, _, mask = _loss_batch()
+    B, T = mask.shape
+    token_loss = torch.randn(B, T, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    out = agg(token_loss, mask, max_tokens=T)
+    assert isinstance(out, torch.Tensor) and out.dim() == 0 and out.dtype == token_loss.dtype, f"{name}: {out!r}"
+    _finite(out, name)
+    out.backward()
+    grad = token_loss.grad
+    _finite(grad, f"{name} gradient")
+    assert torch.all(grad[mask == 0] == 0), f"{name}: gradient off the mask"
+    assert torch.all(grad[mask == 1] != 0), f"{name}: a policy token gets no gradient"
+    with torch.no_grad():
+        junk = torch.where(mask > 0, token_loss, torch.full_like(token_loss, 1e6))
+        assert torch.allclose(agg(junk, mask, max_tokens=T), out), f"{name}: masked tokens count"
+        assert torch.allclose(agg(3.0 * token_loss, mask, max_tokens=T), 3.0 * out), f"{name}: not linear"
+        empty = agg(token_loss, torch.zeros_like(mask), max_tokens=T)
+        assert float(empty) == 0.0, f"{name}: an all-masked batch gives {empty}"
+        totals = dict(num_tokens=mask.sum(), num_seqs=B, max_tokens=T)
+        parts = sum(agg(token_loss[i:i + 2], mask[i:i + 2], **totals) for i in range(0, B, 2))
+        full = agg(token_loss, mask, **totals)
+        assert torch.allclose(parts, full), f"{name}: micro-batches do not sum to the batch"
+        assert torch.allclose(full, out), f"{name}: the batch's own totals are not the default"
+
+
+def check_policy_loss(name: str) -> None:
+    fn = POLICY_LOSSES.get(name)
+    for aggregation in AGGREGATIONS.names():
+        what = f"{name} with {aggregation}"
+        logprobs, old, advantages, mask = _loss_batch()
+        B, T = mask.shape
+        kw = dict(clip_low=0.2, clip_high=0.28, aggregation=aggregation, max_tokens=T)
+        lp = logprobs.clone().requires_grad_(True)
+        loss, metrics = fn(lp, old, advantages, mask, **kw)
+        assert isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.dtype == lp.dtype, f"{what}: {loss!r}"
+        _finite(loss, what)
+        assert isinstance(metrics, dict) and all(isinstance(k, str) and type(v) is float and math.isfinite(v)
+                                                 for k, v in metrics.items()), f"{what}: metrics {metrics!r}"
+        loss.backward()
+        _finite(lp.grad, f"{what} gradient")
+        assert torch.all(lp.grad[mask == 0] == 0), f"{what}: gradient off the mask"
+        assert lp.grad[mask == 1].abs().sum() > 0, f"{what}: no gradient on policy tokens"
+
+        # masked positions hold anything (stale, -inf, nan): same loss, same gradient
+        junk_lp = torch.where(mask > 0, logprobs, torch.tensor(float("-inf"))).requires_grad_(True)
+        junk_old = torch.where(mask > 0, old, torch.tensor(float("nan")))
+        junk_loss, _ = fn(junk_lp, junk_old, advantages, mask, **kw)
+        junk_loss.backward()
+        assert torch.allclose(junk_loss, loss), f"{what}: masked tokens change the loss"
+        assert torch.allclose(junk_lp.grad, lp.grad), f"{what}: masked tokens change the gradient"
+
+        # on policy: zero advantages give zero loss and gradient; otherwise descent raises the
+        # log-prob of tokens with a positive advantage and lowers it with a negative one
+        on = logprobs.clone().requires_grad_(True)
+        zero, _ = fn(on, logprobs.detach(), torch.zeros(B), mask, **kw)
+        zero.backward()
+        assert zero.item() == 0.0 and torch.all(on.grad == 0), f"{what}: zero advantages give {zero.item()}"
+        on = logprobs.clone().requires_grad_(True)
+        pg, _ = fn(on, logprobs.detach(), advantages, mask, **kw)
+        pg.backward()
+        sign = torch.sign(advantages).unsqueeze(-1).expand_as(mask)
+        assert torch.all(torch.sign(on.grad[mask == 1]) == -sign[mask == 1]), f"{what}: not a policy gradient"
+
+        with torch.no_grad():
+            ones, _ = fn(logprobs, old, advantages, mask, is_weights=torch.ones(B, T), **kw)
+            assert torch.allclose(ones, loss), f"{what}: is_weights of 1 change the loss"
+            totals = dict(kw, num_tokens=mask.sum(), num_seqs=B)
+            parts = sum(fn(logprobs[i:i + 2], old[i:i + 2], advantages[i:i + 2], mask[i:i + 2], **totals)[0]
+                        for i in range(0, B, 2))
+            assert torch.allclose(parts, loss), f"{what}: micro-batches do not sum to the batch"
+
+
+def check_kl(name: str) -> None:
+    fn = KL_ESTIMATORS.get(name)
+    g = torch.Generator().manual_seed(0)
+    for shape in [(5,), (3, 7), (2, 3, 4)]:
+        for dtype in (torch.float32, torch.float64):
+            lp = (-torch.rand(shape, generator=g) * 4).to(dtype).requires_grad_(True)
+            ref = (-torch.rand(shape, generator=g) * 4).to(dtype)
+            out = fn(lp, ref)
+            assert isinstance(out, torch.Tensor) and out.shape == lp.shape and out.dtype == dtype, f"{name}: {out!r}"
+            _finite(out, name)
+            out.sum().backward()
+            _finite(lp.grad, f"{name} gradient")
+            same = fn(lp.detach(), lp.detach())
+            assert torch.allclose(same, torch.zeros_like(same), atol=1e-7), f"{name}: KL of identical log-probs {same}"
+    # an estimator of KL(pi || pi_ref) from tokens drawn from pi: its exact expectation under pi
+    # (a sum over a small vocabulary) is the true KL for nearby distributions
+    for seed in range(3):
+        gg = torch.Generator().manual_seed(seed)
+        logits = torch.randn(16, generator=gg, dtype=torch.float64)
+        logpi = torch.log_softmax(logits, -1)
+        logref = torch.log_softmax(logits + 0.05 * torch.randn(16, generator=gg, dtype=torch.float64), -1)
+        true_kl = float((logpi.exp() * (logpi - logref)).sum())
+        expected = float((logpi.exp() * fn(logpi, logref)).sum())
+        assert abs(expected - true_kl) <= 0.1 * true_kl, f"{name}: E_pi[estimate] = {expected}, KL = {true_kl}"
+
+
+# ---------------------------------------------------------------- the registries and their tests
+
+
+CHECKED = [DOMAINS, VERIFIERS, ENVS, ADVANTAGES, POLICY_LOSSES, AGGREGATIONS, KL_ESTIMATORS]
+
+
+def rlvr_registries() -> dict[int, tuple[str, Registry]]:
+    """Every ``Registry`` held at module level anywhere in rlvr (each module imported)."""
+    found: dict[int, tuple[str, Registry]] = {}
+    for info in pkgutil.walk_packages(rlvr.__path__, "rlvr."):
+        module = importlib.import_module(info.name)
+        for attr, value in vars(module).items():
+            if isinstance(value, Registry):
+                found.setdefault(id(value), (f"{info.name}.{attr}", value))
+    return found
+
+
+def test_every_registry_in_rlvr_is_checked():
+    registries = rlvr_registries()
+    missing = [where for where, registry in registries.values() if not any(registry is r for r in CHECKED)]
+    assert not missing, f"registries without a conformance check here: {missing}"
+    assert len(registries) == len(CHECKED)
+
+
+def test_every_registry_has_entries_to_check():
+    assert all(len(registry) for registry in CHECKED), [r.kind for r in CHECKED if not len(r)]
+
+
+@pytest.fixture(scope="module")
+def strict_sandbox():
+    if not choose("auto").strict:
+        pytest.skip("no strict sandbox backend here")
+    with Sandbox(workers=2) as box:
+        previous = use_sandbox(box)
+        try:
+            yield box
+        finally:
+            use_sandbox(previous)
+
+
+def _sandbox_if(needed: bool, request):
+    return request.getfixturevalue("strict_sandbox") if needed else None
+
+
+@pytest.mark.parametrize("name", DOMAINS.names())
+def test_domain_conforms(name, request):
+    check_domain(name, _sandbox_if(needs_sandbox([name]), request))
+
+
+@pytest.mark.parametrize("name", VERIFIERS.names())
+def test_verifier_conforms(name, request):
+    users = domains_where(lambda t: t.spec.kind == name and not t.multi_turn)
+    check_verifier(name, _sandbox_if(needs_sandbox(users), request))
+
+
+@pytest.mark.parametrize("name", ENVS.names())
+def test_environment_conforms(name, request):
+    check_env(name, _sandbox_if(needs_sandbox(domains_where(lambda t: t.env == name)), request))
+
+
+# A finding of this module, not fixed here (rlvr/envs is not this file's): ``ToolEnv.step`` cuts a
+# tool's result at MAX_RESULT_CHARS, but not the message of a ``ToolCallError``, which quotes the
+# model's call: an unknown tool's name (``run_tool``), code.repair's ``cannot read <path>``, and so
+# on, come back at any length (200,000 characters in, 200,000 out). Strict: once fixed, the xpass
+# fails and this mark goes.
+UNBOUNDED_ERRORS = ("ToolEnv: error observations (ToolCallError messages quoting the call) are not cut "
+                    "at MAX_RESULT_CHARS; found by this module, to be fixed in rlvr/envs")
+
+
+@pytest.mark.parametrize("name", ENVS.names())
+def test_environment_bounds_its_observations(name, request):
+    if issubclass(ENVS.get(name), ToolEnv):
+        request.applymarker(pytest.mark.xfail(strict=True, reason=UNBOUNDED_ERRORS))
+    check_env_observations(name, _sandbox_if(needs_sandbox(domains_where(lambda t: t.env == name)), request))
+
+
+@pytest.mark.parametrize("name", ADVANTAGES.names())
+def test_advantage_estimator_conforms(name):
+    check_advantage(name)
+
+
+@pytest.mark.parametrize("name", POLICY_LOSSES.names())
+def test_policy_loss_conforms(name):
+    check_policy_loss(name)
+
+
+@pytest.mark.parametrize("name", AGGREGATIONS.names())
+def test_loss_aggregation_conforms(name):
+    check_aggregation(name)
+
+
+@pytest.mark.parametrize("name", KL_ESTIMATORS.names())
+def test_kl_estimator_conforms(name):
+    check_kl(name)
+
+
+# ---------------------------------------------------------------- Registry.temporary
+
+
+def test_temporary_registers_for_the_block_only_and_refuses_a_taken_name():
+    registry: Registry[int] = Registry("thing")
+    registry.register("kept")(1)
+    with registry.temporary("extra", 2) as entry:
+        assert entry == 2 and registry.get("extra") == 2 and registry.names() == ["extra", "kept"]
+    assert registry.names() == ["kept"]
+    with pytest.raises(RuntimeError), registry.temporary("extra", 3):
+        raise RuntimeError("the block fails")
+    assert "extra" not in registry
+    for taken in (1, 5):  # the same entry or another: refused, and the registered one stays
+        with pytest.raises(ValueError, match="already registered"), registry.temporary("kept", taken):
+            pass
+    assert registry.get("kept") == 1
+    with pytest.raises(ValueError, match="lowercase"), registry.temporary("Extra", 4):
+        pass
+    assert registry.names() == ["kept"]
+
+
+# ---------------------------------------------------------------- the checks catch broken entries
+
+
+class _SumDomain(Domain):
+    """A healthy single-turn domain for these tests: add two numbers (the math verifier)."""
+
+    name = "test.conformance.sum"
+    levels = (1, 2)
+
+    def sample(self, level, rng):
+        a, b = rng.randrange(10 ** (level + 1)), rng.randrange(10 ** (level + 1))
+        return Problem(key=f"{a}+{b}", prompt=f"Compute: {a} + {b}", spec=Spec("math", {"answer": str(a + b)}),
+                       reference=self.answer(a, b))
+
+    def answer(self, a: int, b: int) -> str:
+        return f"{a} + {b} = {a + b}\nAnswer: {a + b}"
+
+
+class _BrokenSumDomain(_SumDomain):
+    """Its reference answer is off by one: it fails its own verifier."""
+
+    name = "test.conformance.broken"
+
+    def answer(self, a: int, b: int) -> str:
+        return f"Answer: {a + b + 1}"
+
+
+class _SecretEnv(ToolEnv):
+    """A healthy tool environment: ``reveal()`` shows the task's secret, ``submit(answer)`` ends;
+    it passes iff the submitted answer is the secret and it was revealed first."""
+
+    name = "test.conformance.env"
+
+    def reset(self, task):
+        self.revealed, self.answer = False, None
+        return super().reset(task)
+
+    def tools(self):
+        return [Tool("reveal", "Show the secret.", self._reveal),
+                Tool("submit", "Submit the answer.", self._submit, {"answer": ("string", "the secret")})]
+
+    def _reveal(self) -> str:
+        self.revealed = True
+        return self.task.spec.payload["secret"]
+
+    def _submit(self, answer: str) -> str:
+        self.answer = answer
+        self.finish_with("submit")
+        return "submitted"
+
+    def _verify(self) -> Verdict:
+        ok = self.revealed and self.answer == self.task.spec.payload["secret"]
+        return Verdict(ok, float(ok), "ok" if ok else "mismatch")
+
+
+class _CrashingEnv(_SecretEnv):
+    """Reads tool calls with a bare ``json.loads``: a malformed call raises out of ``step``."""
+
+    name = "test.conformance.crashing"
+
+    def step(self, action):
+        for body in CALL_PATTERN.findall(action):
+            json.loads(body)["arguments"].items()
+        return super().step(action)
+
+
+class _SecretDomain(Domain):
+    """Multi-turn tasks in the environment ``env``: reveal the secret, then submit it."""
+
+    levels = (1,)
+
+    def __init__(self, name: str, env: str) -> None:
+        self.name, self.env = name, env
+
+    def sample(self, level, rng):
+        secret = "".join(rng.choice("abcdefghij") for _ in range(12))
+        actions = (format_call("reveal"), format_call("submit", {"answer": secret}))
+        return Problem(key=secret, prompt="Reveal the secret, then submit it.", spec=Spec("secret", {"secret": secret}),
+                       reference="\n".join([actions[0], f"tool: {secret}", actions[1]]), actions=actions)
+
+
+def test_a_healthy_throwaway_domain_and_environment_conform():
+    with DOMAINS.temporary(_SumDomain.name, _SumDomain()):
+        check_domain(_SumDomain.name)
+        check_verifier("math")  # its tasks are among the math verifier's now
+    with ENVS.temporary(_SecretEnv.name, _SecretEnv), \
+            DOMAINS.temporary("test.conformance.secret", _SecretDomain("test.conformance.secret", _SecretEnv.name)):
+        check_domain("test.conformance.secret")
+        check_env(_SecretEnv.name)
+    assert _SumDomain.name not in DOMAINS and _SecretEnv.name not in ENVS
+
+
+def test_a_domain_whose_reference_fails_its_verifier_fails_conformance():
+    with DOMAINS.temporary(_BrokenSumDomain.name, _BrokenSumDomain()):
+        with pytest.raises(AssertionError, match="the reference of .* fails its verifier"):
+            check_domain(_BrokenSumDomain.name)
+        with pytest.raises(AssertionError, match="reference of"):
+            check_verifier("math")
+    assert _BrokenSumDomain.name not in DOMAINS
+
+
+def test_an_environment_that_crashes_on_a_malformed_call_fails_conformance():
+    name = "test.conformance.crashing_tasks"
+    with ENVS.temporary(_CrashingEnv.name, _CrashingEnv), \
+            DOMAINS.temporary(name, _SecretDomain(name, _CrashingEnv.name)):
+        with pytest.raises(AssertionError, match="bad JSON: step raised JSONDecodeError"):
+            check_env(_CrashingEnv.name)
+    assert _CrashingEnv.name not in ENVS and name not in DOMAINS
+
+
+def test_an_environment_without_tasks_fails_conformance():
+    with ENVS.temporary(_SecretEnv.name, _SecretEnv):
+        with pytest.raises(AssertionError, match="no registered domain makes tasks in environment"):
+            check_env(_SecretEnv.name)
