@@ -803,19 +803,10 @@ def test_environment_conforms(name, request):
     check_env(name, _sandbox_if(needs_sandbox(domains_where(lambda t: t.env == name)), request))
 
 
-# A finding of this module, not fixed here (rlvr/envs is not this file's): ``ToolEnv.step`` cuts a
-# tool's result at MAX_RESULT_CHARS, but not the message of a ``ToolCallError``, which quotes the
-# model's call: an unknown tool's name (``run_tool``), code.repair's ``cannot read <path>``, and so
-# on, come back at any length (200,000 characters in, 200,000 out). Strict: once fixed, the xpass
-# fails and this mark goes.
-UNBOUNDED_ERRORS = ("ToolEnv: error observations (ToolCallError messages quoting the call) are not cut "
-                    "at MAX_RESULT_CHARS; found by this module, to be fixed in rlvr/envs")
-
-
 @pytest.mark.parametrize("name", ENVS.names())
 def test_environment_bounds_its_observations(name, request):
-    if issubclass(ENVS.get(name), ToolEnv):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=UNBOUNDED_ERRORS))
+    # Found by this module: error messages quote the model's call (an unknown tool's 200,000-
+    # character name came back whole) until ToolEnv.step cut them like results.
     check_env_observations(name, _sandbox_if(needs_sandbox(domains_where(lambda t: t.env == name)), request))
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rlvr.config import check_range
-from rlvr.envs.tools import Tool, ToolCallError, parse_tool_call, run_tool, tool_message
+from rlvr.envs.tools import Tool, ToolCallError, cut_result, parse_tool_call, run_tool, tool_message
 from rlvr.registry import Registry
 from rlvr.types import SINGLE_TURN, Message, Task, Verdict
 
@@ -187,7 +187,7 @@ class ToolEnv(Environment):
             else:
                 name, result = call.name, run_tool({t.name: t for t in self.tools()}, call)
         except ToolCallError as e:
-            name, result = "error", str(e)
+            name, result = "error", cut_result(str(e))  # errors quote the call, of any length
         if self._done_reason:
             return self._end(self._done_reason)
         if self.turns >= self.cfg.max_turns:

@@ -98,10 +98,15 @@ def run_tool(tools: dict[str, Tool], call: ToolCall) -> str:
         want = _JSON_TYPES.get(tool.parameters[arg][0], object)
         if not isinstance(value, want) or (want is not bool and isinstance(value, bool)):
             raise ToolCallError(f"error: argument {arg} of {call.name} must be a {tool.parameters[arg][0]}")
-    result = tool.fn(**call.arguments)
-    if len(result) > MAX_RESULT_CHARS:
-        result = result[:MAX_RESULT_CHARS] + f"\n[... cut: {len(result) - MAX_RESULT_CHARS} more characters]"
-    return result
+    return cut_result(tool.fn(**call.arguments))
+
+
+def cut_result(text: str) -> str:
+    """``text`` cut to ``MAX_RESULT_CHARS`` (head kept, marked): what any observation may carry,
+    a tool's result or an error message that quotes the model's call."""
+    if len(text) <= MAX_RESULT_CHARS:
+        return text
+    return text[:MAX_RESULT_CHARS] + f"\n[... cut: {len(text) - MAX_RESULT_CHARS} more characters]"
 
 
 def tool_message(name: str, content: str) -> dict[str, str]:
