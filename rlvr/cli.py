@@ -21,13 +21,88 @@ def _config_args(p: argparse.ArgumentParser, *, resume: bool = False) -> None:
         p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
 
 
-def _load(cls, args):
-    from rlvr.config import load_config
+def _task_args(p: argparse.ArgumentParser, *, eval_files: bool = False, conversations: bool = False) -> None:
+    """The flags that bring the user's model and task files (docs/tasks.md)."""
+    g = p.add_argument_group("your model and tasks")
+    g.add_argument("--model", help="Hugging Face causal-LM directory (same as --set model=DIR)")
+    g.add_argument("--tasks", action="append", default=[], metavar="FILE",
+                   help="task file: JSONL, CSV, Parquet or a datasets directory (repeatable); "
+                        "without --domains the built-in domains are left out")
+    if eval_files:
+        g.add_argument("--eval-tasks", action="append", default=[], metavar="FILE",
+                       help="held-out task file for the periodic eval; its items are refused as training tasks")
+    if conversations:
+        g.add_argument("--conversations", action="append", default=[], metavar="FILE",
+                       help="SFT on conversations: rows with a 'messages' list, loss on assistant turns")
+    _file_flags(g)
+    g.add_argument("--domains", default=None, metavar="A,B",
+                   help="built-in domains to use besides the files ('' for none)")
+
+
+def _file_flags(g) -> None:
+    """How the rows of task files are read: one set of flags for every command that reads them."""
+    g.add_argument("--map", default="", metavar="FIELD=COLUMN,...",
+                   help="columns of the task files, e.g. prompt=question,answer=solution")
+    g.add_argument("--verifier", default="", help="acceptance criteria of rows without a verifier column "
+                                                  "(math, number, exact, regex, choice, json, code, ...)")
+    g.add_argument("--answer-at", default="", metavar="WHERE",
+                   help="where the final answer must be: final | boxed | answer_line | last_line | whole")
+    g.add_argument("--split", default="", help="keep only the rows whose split column equals this")
+    g.add_argument("--system-prompt", default="", help="system message for prompts that have none")
+    g.add_argument("--instruction", default=None,
+                   help="answer-format instruction added to prompts (default: the verifier's; '' for none)")
+    g.add_argument("--reward", action="append", default=[], metavar="MODULE:FN[=WEIGHT]",
+                   help="custom Python reward function as the acceptance criteria (repeatable)")
+
+
+def _file_entries(paths: list[str], args) -> list[dict]:
+    from rlvr.tasks.rows import parse_map
+
+    entry: dict = {}
+    if args.map:
+        entry["map"] = parse_map(args.map)
+    for key in ("verifier", "split", "system_prompt"):
+        if getattr(args, key):
+            entry[key] = getattr(args, key)
+    if args.instruction is not None:
+        entry["instruction"] = args.instruction
+    if args.answer_at:
+        entry["options"] = {"answer_at": args.answer_at}
+    if args.reward:
+        entry["reward"] = list(args.reward)
+    return [{"path": p, **entry} for p in paths]
+
+
+def _apply_task_args(data: dict, args, *, eval_section: str | None = None) -> dict:
+    """Put the task flags into a config dict (recipe + --set already applied)."""
+    if getattr(args, "model", None):
+        data["model"] = args.model
+    sources = list(args.tasks) + list(getattr(args, "conversations", []))
+    if args.tasks:
+        data["task_files"] = list(data.get("task_files", [])) + _file_entries(args.tasks, args)
+    if getattr(args, "conversations", None):
+        data["conversation_files"] = list(data.get("conversation_files", [])) + list(args.conversations)
+    if args.domains is not None:
+        data["domains"] = [d.strip() for d in args.domains.split(",") if d.strip()]
+    elif sources and "domains" not in data:
+        data["domains"] = []  # the user's files alone
+    if eval_section and getattr(args, "eval_tasks", None):
+        section = data.setdefault(eval_section, {})
+        section["task_files"] = list(section.get("task_files", [])) + _file_entries(args.eval_tasks, args)
+        section.setdefault("domains", [])
+    return data
+
+
+def _load(cls, args, *, eval_section: str | None = None):
+    from rlvr.config import apply_overrides, from_dict, read_yaml
 
     overrides = list(args.overrides)
     if getattr(args, "out", None):
         overrides.append(f"out={args.out}")
-    return load_config(cls, args.config, overrides)
+    data = apply_overrides(read_yaml(args.config) if args.config else {}, overrides)
+    if hasattr(args, "tasks"):
+        data = _apply_task_args(data, args, eval_section=eval_section)
+    return from_dict(cls, data)
 
 
 def cmd_quickstart(args) -> None:
@@ -55,7 +130,7 @@ def cmd_sft(args) -> None:
 def cmd_train(args) -> None:
     from rlvr.train.grpo import GRPOConfig, run_grpo
 
-    cfg = _load(GRPOConfig, args)
+    cfg = _load(GRPOConfig, args, eval_section="eval")
     print(json.dumps(run_grpo(cfg, resume=args.resume), indent=2))
     print(f"model: {cfg.out}/final")
 
@@ -63,34 +138,35 @@ def cmd_train(args) -> None:
 def cmd_eval(args) -> None:
     from rlvr.config import apply_overrides, from_dict, read_yaml, resolve_device
     from rlvr.eval.evaluate import EvalConfig, evaluate
+    from rlvr.eval.table import print_eval
     from rlvr.model.load import load_model_and_tokenizer
-    from rlvr.tasks.base import generate_tasks
+    from rlvr.tasks.sets import build_task_set, needs_sandbox
 
     if args.suite != "default":
         raise UserError(f"unknown eval suite {args.suite!r}; choose one of: default")
     data = apply_overrides(read_yaml(args.config) if args.config else {}, args.overrides)
+    data = _apply_task_args(data, args)
+    model_dir = data.pop("model", None) or args.model
+    if not model_dir:
+        raise UserError("rlvr eval needs --model DIR (a Hugging Face causal-LM directory)")
     cfg = from_dict(EvalConfig, data)
-    model, tokenizer = load_model_and_tokenizer(args.model, device=resolve_device("eval.device", cfg.device))
-    tasks = generate_tasks(cfg.domains, "eval", cfg.tasks, seed=cfg.seed, levels=cfg.levels)
-    report = evaluate(model, tokenizer, tasks, cfg)
+    model, tokenizer = load_model_and_tokenizer(model_dir, device=resolve_device("eval.device", cfg.device))
+    tasks = build_task_set(cfg.domains, "eval", cfg.tasks, seed=cfg.seed, levels=cfg.levels, files=cfg.task_files)
+    if needs_sandbox(cfg.domains, tasks):
+        from rlvr.sandbox.config import shared_sandbox
+
+        shared_sandbox()
+    report = {"model": str(model_dir), **evaluate(model, tokenizer, tasks, cfg)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
-    summary = {d: round(s["pass@1"], 4) for d, s in report["by_domain"].items()}
-    print(json.dumps({"pass@1": round(report["overall"]["pass@1"], 4), "by_domain": summary}, indent=2))
+    print_eval(report)
     print(f"wrote {args.out}")
 
 
 def cmd_tasks(args) -> None:
-    from rlvr.tasks.base import DOMAINS, generate_tasks
+    from rlvr.tasks import commands
 
-    if args.action == "list":
-        for name in DOMAINS.names():
-            d = DOMAINS.get(name)
-            print(f"{name:<14} {d.version}  levels {list(d.levels)}")
-    else:
-        for task in generate_tasks(args.domain, args.split, args.n, seed=args.seed,
-                                   levels=[args.level] if args.level else None):
-            print(json.dumps(task.to_dict()))
+    commands.run(args)
 
 
 def cmd_sandbox(args) -> None:
@@ -124,22 +200,19 @@ def build_parser() -> argparse.ArgumentParser:
     ]:
         p = sub.add_parser(name, help=help_)
         _config_args(p, resume=resume)
+        if name in ("sft", "train"):
+            _task_args(p, eval_files=name == "train", conversations=name == "sft")
         p.set_defaults(fn=fn)
-    p = sub.add_parser("eval", help="held-out pass@1 / pass@k per domain and level, as JSON")
-    p.add_argument("--model", required=True, help="Hugging Face causal-LM directory")
+    p = sub.add_parser("eval", help="held-out pass@1 / pass@k per domain, level and tag, as JSON and a table")
     p.add_argument("--suite", default="default")
     p.add_argument("--out", default="eval.json")
     p.add_argument("-c", "--config")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    _task_args(p)
     p.set_defaults(fn=cmd_eval)
-    p = sub.add_parser("tasks", help="list domains or show generated tasks")
-    p.add_argument("action", choices=["list", "show"])
-    p.add_argument("--domain", default="math.arith")
-    p.add_argument("--split", default="train", choices=["train", "eval"])
-    p.add_argument("--level", type=int, default=0)
-    p.add_argument("--n", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(fn=cmd_tasks)
+    from rlvr.tasks.commands import add_parser as add_tasks_parser
+
+    add_tasks_parser(sub, _file_flags, _file_entries)
     p = sub.add_parser("sandbox", help="sandbox self-test (attack suite), benchmark, or info")
     p.add_argument("action", choices=["check", "bench", "info"])
     p.add_argument("--allow-weak", action="store_true", help="check: run even on the weak backend")

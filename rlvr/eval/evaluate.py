@@ -16,6 +16,7 @@ from rlvr.config import check_choice, check_device, check_range
 from rlvr.envs.base import EnvConfig
 from rlvr.rollout.engine import PRECISIONS, SamplingParams
 from rlvr.rollout.episodes import EnvPool, run_tasks
+from rlvr.tasks.rows import TaskFileConfig, as_file_config
 from rlvr.types import Task
 from rlvr.verifiers.judge import judge
 
@@ -23,9 +24,12 @@ from rlvr.verifiers.judge import judge
 @dataclass
 class EvalConfig:
     domains: list[str] = field(default_factory=lambda: ["math.arith", "math.word"])
-    """Domains of the eval suite."""
+    """Built-in domains of the eval suite (their eval split; may be empty with ``task_files``)."""
     tasks: int = 500
-    """Held-out eval tasks (spread evenly over domains and levels)."""
+    """Held-out tasks drawn from ``domains`` (spread evenly over domains and levels)."""
+    task_files: list[TaskFileConfig | str] = field(default_factory=list)
+    """The user's eval files (every row, or the rows of a file's ``split``), as in ``task_files``
+    of training (docs/tasks.md)."""
     levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
     """Difficulty levels to include."""
     seed: int = 1234
@@ -51,6 +55,7 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         check_range("eval.tasks", self.tasks, 1)
+        self.task_files = [as_file_config(f) for f in self.task_files]
         check_range("eval.samples", self.samples, 1)
         check_choice("eval.precision", self.precision, list(PRECISIONS))
         check_device("eval.device", self.device)
@@ -59,7 +64,9 @@ class EvalConfig:
 
 
 def evaluate(model, tokenizer, tasks: list[Task], cfg: EvalConfig, *, seed: int = 0, sandbox=None) -> dict:
-    """Run the suite; return {"overall": stats, "by_domain": {domain: stats + by_level}}.
+    """Run the suite; return {"overall": stats, "by_domain": {domain: stats + by_level},
+    "by_tag": {tag: stats} (tasks with ``meta.tags``), "tasks": [per task: id, domain, level,
+    correct, samples, task], "samples": [a few completions]}.
 
     Multi-turn tasks play episodes in their environments, whose tools run in ``sandbox``
     (default: the process-wide shared sandbox)."""
@@ -96,6 +103,9 @@ def evaluate(model, tokenizer, tasks: list[Task], cfg: EvalConfig, *, seed: int 
         return out
 
     report: dict = {"overall": stats(tasks), "by_domain": {}}
+    tags = sorted({tag for t in tasks for tag in t.meta.get("tags", [])})
+    if tags:
+        report["by_tag"] = {tag: stats([t for t in tasks if tag in t.meta.get("tags", [])]) for tag in tags}
     for domain in sorted({t.domain for t in tasks}):
         in_domain = [t for t in tasks if t.domain == domain]
         report["by_domain"][domain] = stats(in_domain)
@@ -103,6 +113,8 @@ def evaluate(model, tokenizer, tasks: list[Task], cfg: EvalConfig, *, seed: int 
             str(level): stats([t for t in in_domain if t.level == level])
             for level in sorted({t.level for t in in_domain})
         }
+    report["tasks"] = [{"id": t.id, "domain": t.domain, "level": t.level, "correct": correct[t.id],
+                        "samples": cfg.samples, "task": t.to_dict()} for t in tasks]
     report["samples"] = [
         {"task_id": tr.task_id, "completion": tr.completion,
          **({"messages": list(tr.messages), "info": tr.episode.to_dict()} if tr.episode else {})}

@@ -1,203 +1,176 @@
-"""Task files: JSONL, one task per line, in either of two schemas (detected per line).
+"""Task sets from a user's files: JSONL, CSV, Parquet or a Hugging Face datasets directory.
 
-- **HumanEval-style** (``task_id``, ``prompt``, ``canonical_solution``, ``test``,
-  ``entry_point``; optional ``domain``, ``level``, ``timeout``): ``prompt`` is the signature and
-  docstring, ``canonical_solution`` the body, ``test`` defines ``check(candidate)``. Becomes a
-  ``code`` task with id ``file:<stem>/<task_id>``, the prompt in an instruction, and the
-  canonical solution as ``reference`` (one fenced block, as the verifier expects).
-- **rlvr's own**: a ``Task.to_dict()`` line (``id``, ``domain``, ``level``, ``prompt``,
-  ``spec``; optional ``key``, ``reference``, ``env``, ``actions``, ``meta``), as ``rlvr tasks show``
-  prints them; files written before ``key``/``reference``/``env``/``actions`` were fields keep
-  them in ``meta``, which is read the same way.
-
-A malformed line is a ``UserError`` naming the file, the 1-based line and the field. A task whose
-own reference solution fails its own tests (code tasks: checked in the sandbox, all in one batch)
-is dropped, with the reason, and the rest are kept: a task no solution can pass only adds noise.
+``load_tasks(cfg)`` reads a ``TaskFileConfig`` (``rlvr.tasks.rows``: path, column mapping,
+verifier, options, system prompt, instruction, split) into ``Task``s. ``parse_file`` does the
+reading and parsing and returns every problem it finds (``rlvr tasks validate`` lists them all);
+``load_tasks`` stops at the first malformed row with ``FILE:LINE: field 'x' ...`` (a
+``UserError``), refuses duplicate ids, then checks acceptance criteria against themselves: a
+task whose reference (or, without one, its gold answer placed where the verifier wants it) fails
+its own verifier is dropped with the reason (code references run in the sandbox, all in one
+batch), and the rest are kept: a task no answer can pass only adds noise.
 """
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rlvr.errors import UserError
-from rlvr.types import Spec, Task
+from rlvr.tasks.readers import read_rows
+from rlvr.tasks.rows import INSTRUCTION, RowError, TaskFileConfig, as_file_config, row_to_task
+from rlvr.types import Task
 
-HUMANEVAL_FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
-RLVR_FIELDS = ("id", "domain", "level", "prompt", "spec")
-INSTRUCTION = ("Complete the following Python function. Answer with the whole function in one "
-               "```python code block.\n\n```python\n{prompt}```")
-DEFAULT_DOMAIN = "code.file"
+__all__ = ["INSTRUCTION", "Problem", "TaskFileConfig", "load_task_file", "load_tasks", "parse_file", "drop_failing",
+           "self_check"]
+
 MAX_REASONS_SHOWN = 3
 
 
-class _LineError(Exception):
-    """A problem with one field of one line; ``load_task_file`` adds the file and line."""
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a task file: where (``FILE:LINE``, ``FILE:row N`` or ``FILE``), which
+    field (may be empty), and what."""
+
+    where: str
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
 
 
-def _string(obj: dict[str, Any], key: str, *, required: bool = True) -> str | None:
-    if key not in obj:
-        if required:
-            raise _LineError(f"field {key!r} is missing")
-        return None
-    if not isinstance(obj[key], str):
-        raise _LineError(f"field {key!r} is not a string")
-    return obj[key]
-
-
-def _level(obj: dict[str, Any], key: str = "level", default: int | None = 1) -> int:
-    if key not in obj and default is not None:
-        return default
-    value = obj.get(key)
-    if type(value) is not int or value < 1:  # not bool, not "2", not 2.5
-        raise _LineError(f"field {key!r} is missing" if key not in obj
-                         else f"field {key!r} is not a positive integer")
-    return value
-
-
-def _with_newline(s: str) -> str:
-    return s if s.endswith("\n") else s + "\n"
-
-
-def _humaneval_task(obj: dict[str, Any], stem: str, source: str) -> Task:
-    if type(obj.get("task_id")) is int:  # MBPP-style numeric ids
-        obj = {**obj, "task_id": str(obj["task_id"])}
-    fields = {key: _string(obj, key) for key in HUMANEVAL_FIELDS}
-    if not fields["task_id"].strip():
-        raise _LineError("field 'task_id' is empty")
-    if not fields["entry_point"].isidentifier():
-        raise _LineError("field 'entry_point' is not a Python name")
-    domain = _string(obj, "domain", required=False) or DEFAULT_DOMAIN
-    payload: dict[str, Any] = {"entry_point": fields["entry_point"], "test": fields["test"],
-                               "prompt_code": fields["prompt"]}
-    if "timeout" in obj:
-        if type(obj["timeout"]) not in (int, float) or not obj["timeout"] > 0:
-            raise _LineError("field 'timeout' is not a positive number")
-        payload["timeout"] = obj["timeout"]
-    prompt = _with_newline(fields["prompt"])
-    return Task(
-        id=f"file:{stem}/{fields['task_id']}", domain=domain, level=_level(obj),
-        prompt=({"role": "user", "content": INSTRUCTION.format(prompt=prompt)},),
-        spec=Spec("code", payload),
-        key=fields["task_id"],
-        reference="```python\n" + _with_newline(prompt + fields["canonical_solution"]) + "```",
-        meta={"source": source},
-    )
-
-
-def _rlvr_task(obj: dict[str, Any]) -> Task:
-    from rlvr.verifiers import VERIFIERS
-
-    for key in ("id", "domain"):
-        if not _string(obj, key):
-            raise _LineError(f"field {key!r} is empty")
-    _level(obj, default=None)
-    messages = obj.get("prompt")
-    if not isinstance(messages, list) or not messages:
-        raise _LineError("field 'prompt' is missing" if "prompt" not in obj
-                         else "field 'prompt' is not a non-empty list of messages")
-    for i, m in enumerate(messages):
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise _LineError(f"field 'prompt[{i}]' is not a message with string 'role' and 'content'")
-    spec = obj.get("spec")
-    if not isinstance(spec, dict):
-        raise _LineError("field 'spec' is missing" if "spec" not in obj else "field 'spec' is not an object")
-    if not isinstance(spec.get("kind"), str):
-        raise _LineError("field 'spec.kind' is missing" if "kind" not in spec
-                         else "field 'spec.kind' is not a string")
-    if spec["kind"] not in VERIFIERS:
-        raise _LineError(f"field 'spec.kind': no verifier {spec['kind']!r}; "
-                         f"choose one of: {', '.join(VERIFIERS.names())}")
-    if not isinstance(spec.get("payload", {}), dict):
-        raise _LineError("field 'spec.payload' is not an object")
-    if not isinstance(obj.get("meta", {}), dict):
-        raise _LineError("field 'meta' is not an object")
-    for where, fields in (("", obj), ("meta.", obj.get("meta", {}))):
-        if fields.get("reference") is not None and not isinstance(fields["reference"], str):
-            raise _LineError(f"field '{where}reference' is not a string")
-    return Task.from_dict(obj)
-
-
-def parse_line(text: str, stem: str, source: str) -> Task:
-    """One JSONL line as a Task (raises ``_LineError`` naming the field)."""
+def parse_file(cfg: TaskFileConfig | str) -> tuple[list[tuple[str, Task]], list[Problem]]:
+    """``(where, task)`` for every row that parses, and a ``Problem`` for every row that does not
+    (a file that cannot be read at all is one problem). Rows of another split are left out."""
+    cfg = as_file_config(cfg)
+    path = Path(cfg.path)
+    parsed: list[tuple[str, Task]] = []
+    problems: list[Problem] = []
+    index = 0
     try:
-        obj = json.loads(text)
-    except ValueError as e:
-        raise _LineError(f"invalid JSON: {e}") from None
-    if not isinstance(obj, dict):
-        raise _LineError(f"expected a JSON object, got {type(obj).__name__}")
-    if "task_id" in obj or "canonical_solution" in obj:
-        return _humaneval_task(obj, stem, source)
-    if "spec" in obj or "id" in obj:
-        return _rlvr_task(obj)
-    raise _LineError("neither a HumanEval-style task (fields " + ", ".join(HUMANEVAL_FIELDS)
-                     + ") nor an rlvr task (fields " + ", ".join(RLVR_FIELDS) + ")")
-
-
-def _check_references(tasks: list[Task]) -> list[str | None]:
-    """For each task, why its reference fails its own acceptance criteria, or None."""
-    from rlvr.verifiers import check_all
-    from rlvr.verifiers.code import check_spec
-
-    reasons: list[str | None] = [None] * len(tasks)
-    to_check: list[int] = []
-    for i, task in enumerate(tasks):
-        if task.spec.kind != "code":
-            continue  # only code references are executed here
-        try:
-            check_spec(task)
-        except UserError as e:
-            reasons[i] = str(e)
+        rows = list(read_rows(path, cfg.format, cfg.hf_split))
+    except UserError as e:  # unreadable, not UTF-8, not CSV/Parquet/datasets: the whole file
+        where, _, message = str(e).partition(": ")
+        return [], [Problem(where, "", message)]
+    for row in rows:
+        if row.error:
+            problems.append(Problem(row.where, "", row.error))
             continue
-        if isinstance(task.reference, str):
-            to_check.append(i)
-    verdicts = check_all([(tasks[i], tasks[i].reference) for i in to_check])
-    for i, verdict in zip(to_check, verdicts):
-        if not verdict.passed:
-            error = verdict.details.get("error") or verdict.details.get("stderr") or ""
-            reasons[i] = (f"task {tasks[i].id}: reference solution fails its tests: "
-                          f"{verdict.reason}" + (f" ({str(error).strip()[:200]})" if error else ""))
-    return reasons
+        index += 1
+        try:
+            task = row_to_task(row, cfg, path.stem, index)
+        except RowError as e:
+            problems.append(Problem(row.where, e.field, str(e)))
+            continue
+        except UserError as e:  # a verifier refused its payload
+            problems.append(Problem(row.where, "spec", str(e)))
+            continue
+        if task is not None:
+            parsed.append((row.where, task))
+    return parsed, problems
 
 
-def load_task_file(path: str | Path, *, check_solutions: bool = True,
-                   warn=print) -> tuple[list[Task], list[str]]:
-    """Tasks from a JSONL file, and the reasons for the ones dropped.
+def duplicate_ids(parsed: list[tuple[str, Task]]) -> list[Problem]:
+    first: dict[str, str] = {}
+    problems = []
+    for where, task in parsed:
+        if task.id in first:
+            problems.append(Problem(where, "id", f"field 'id' repeats task {task.id!r} "
+                                                 f"({_line_of(first[task.id])})"))
+        else:
+            first[task.id] = where
+    return problems
 
-    Raises ``UserError`` (``FILE:LINE: field 'x' is missing``) on a malformed line or a duplicate
-    id. With ``check_solutions``, each code task's reference must pass its own tests (one
-    sandbox batch for the whole file); failing tasks are dropped and ``warn`` gets one summary
-    line. Blank lines are skipped.
+
+def _line_of(where: str) -> str:
+    tail = where.rsplit(":", 1)[-1]
+    return f"line {tail}" if tail.isdigit() else tail
+
+
+def load_tasks(cfg: TaskFileConfig | str, *, check_solutions: bool = True,
+               warn=print) -> tuple[list[Task], list[str]]:
+    """Tasks of a file, and the reasons for the ones dropped (see the module docstring).
+
+    Raises ``UserError`` naming file, line and field at the first malformed row (with a count
+    of the others) or a duplicate id.
     """
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read task file {path}: {e}") from None
-    tasks: list[Task] = []
-    seen: dict[str, int] = {}
-    for lineno, text in enumerate(lines, start=1):
-        if not text.strip():
-            continue
-        try:
-            task = parse_line(text, path.stem, str(path))
-        except _LineError as e:
-            raise UserError(f"{path}:{lineno}: {e}") from None
-        if task.id in seen:
-            raise UserError(f"{path}:{lineno}: field 'id' repeats task {task.id!r} "
-                            f"(line {seen[task.id]})")
-        seen[task.id] = lineno
-        tasks.append(task)
+    cfg = as_file_config(cfg)
+    parsed, problems = parse_file(cfg)
+    problems = problems + duplicate_ids(parsed)
+    if problems:
+        first = min(problems, key=lambda p: _order(p.where))
+        more = (f" ({len(problems) - 1} more problem(s) in this file; `rlvr tasks validate {cfg.path}` "
+                "lists them)") if len(problems) > 1 else ""
+        raise UserError(f"{first}{more}")
+    tasks = [t for _, t in parsed]
+    if not tasks:
+        raise UserError(f"{cfg.path}: no tasks" + (f" in split {cfg.split!r}" if cfg.split else ""))
     if not check_solutions:
         return tasks, []
-    reasons = _check_references(tasks)
+    return drop_failing(tasks, str(cfg.path), warn)
+
+
+def drop_failing(tasks: list[Task], source: str, warn=print) -> tuple[list[Task], list[str]]:
+    """The tasks whose own answer passes their acceptance criteria (``self_check``), and the
+    reasons for the others; ``warn`` gets one summary line. ``UserError`` when none pass."""
+    reasons = self_check(tasks)
     kept = [t for t, r in zip(tasks, reasons) if r is None]
     dropped = [r for r in reasons if r is not None]
-    summary = f"kept {len(kept)} of {len(tasks)} tasks from {path}"
+    summary = f"kept {len(kept)} of {len(tasks)} tasks from {source}"
     if dropped:
         shown = "; ".join(dropped[:MAX_REASONS_SHOWN])
         more = f"; and {len(dropped) - MAX_REASONS_SHOWN} more" if len(dropped) > MAX_REASONS_SHOWN else ""
         summary += f"; dropped {len(dropped)}: {shown}{more}"
     warn(summary)
+    if tasks and not kept:
+        raise UserError(f"{source}: every task fails its own acceptance criteria; first: {dropped[0]}")
     return kept, dropped
+
+
+def _order(where: str) -> tuple[str, int]:
+    head, _, tail = where.rpartition(":")
+    digits = "".join(ch for ch in tail if ch.isdigit())
+    return (head, int(digits)) if head and digits else (where, 0)
+
+
+def load_task_file(path: str | Path, *, check_solutions: bool = True, warn=print) -> tuple[list[Task], list[str]]:
+    """``load_tasks`` of one file read with the defaults (no mapping)."""
+    return load_tasks(TaskFileConfig(path=str(path)), check_solutions=check_solutions, warn=warn)
+
+
+def self_check(tasks: list[Task]) -> list[str | None]:
+    """For each task, why its acceptance criteria reject its own answer, or None.
+
+    The answer is the task's ``reference`` or, without one, the verifier's ``gold_completion``
+    of the payload; a task with neither is not checked. A malformed code spec is a reason too.
+    """
+    from rlvr.verifiers import VERIFIERS, check_all
+    from rlvr.verifiers.code import check_spec
+
+    reasons: list[str | None] = [None] * len(tasks)
+    pairs: list[tuple[int, str]] = []
+    for i, task in enumerate(tasks):
+        if task.multi_turn:
+            continue  # an episode's scripted actions are checked by playing them (sft, conformance)
+        if task.spec.kind == "code":
+            try:
+                check_spec(task)
+            except UserError as e:
+                reasons[i] = str(e)
+                continue
+        answer = task.reference
+        if answer is None:
+            gold = getattr(VERIFIERS.get(task.spec.kind), "gold_completion", None)
+            answer = gold(task.spec.payload) if callable(gold) else None
+        if isinstance(answer, str):
+            pairs.append((i, answer))
+    verdicts = check_all([(tasks[i], answer) for i, answer in pairs])
+    for (i, answer), verdict in zip(pairs, verdicts):
+        if not verdict.passed:
+            error = verdict.details.get("error") or verdict.details.get("stderr") or ""
+            what = "reference solution fails its tests" if tasks[i].spec.kind == "code" else (
+                "reference fails its verifier" if tasks[i].reference is not None else
+                "gold answer fails its own verifier")
+            reasons[i] = (f"task {tasks[i].id}: {what}: {verdict.reason}"
+                          + (f" ({str(error).strip()[:200]})" if error else ""))
+    return reasons

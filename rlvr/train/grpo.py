@@ -60,8 +60,10 @@ from rlvr.rollout.engine import PRECISIONS, SamplingParams, precision_autocast
 from rlvr.rollout.episodes import EnvPool, Episode, run_tasks
 from rlvr.verifiers.judge import judge
 from rlvr.sandbox.config import SandboxConfig, shared_sandbox
-from rlvr.tasks.base import DOMAINS, generate_tasks
-from rlvr.tasks.files import load_task_file
+from rlvr.tasks.files import drop_failing
+from rlvr.tasks.rows import TaskFileConfig, as_file_config
+from rlvr.tasks.sets import build_task_set, file_tasks, needs_sandbox
+from rlvr.tasks.validate import refuse_eval_tasks
 from rlvr.train.allocator import keep_freed_memory
 from rlvr.train.batching import collate, select
 from rlvr.train.compiled import compiled_layers
@@ -171,7 +173,7 @@ class GRPOConfig:
     order and sampling on any device (the engine draws its uniforms on it), so a resumed run
     draws the same random numbers wherever it runs."""
     domains: list[str] = field(default_factory=lambda: ["math.arith", "math.word"])
-    """Training domains."""
+    """Built-in training domains (may be empty when ``task_files`` supply the tasks)."""
     levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
     """Difficulty levels in the pool."""
     train_tasks: int = 4000
@@ -179,10 +181,14 @@ class GRPOConfig:
     domain_weights: dict[str, float] = field(default_factory=dict)
     """Relative share of each training domain in the pool, e.g. ``{code.repair: 3}`` (a domain
     not named weighs 1; empty: equal shares)."""
-    task_files: list[str] = field(default_factory=list)
-    """JSONL task files (HumanEval-style or rlvr's own) added to the pool. A malformed line stops
-    the run naming file, line and field; a task whose reference fails its own tests is dropped,
-    and the run says how many were."""
+    task_files: list[TaskFileConfig | str] = field(default_factory=list)
+    """The user's task files added to the pool: a path, or a mapping of ``TaskFileConfig`` keys
+    (path, map, verifier, options, reward, system_prompt, instruction, domain, split, level;
+    docs/tasks.md). A malformed row stops the run naming file, line and field; a task whose own
+    answer fails its acceptance criteria is dropped, and the run says how many were."""
+    allow_eval_tasks: bool = False
+    """Train on tasks that are also eval tasks (``eval.task_files``) or were written from an eval
+    result (``rlvr tasks from-failures``); refused by default."""
     steps: int = 100
     """RL steps (one rollout batch each)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -209,6 +215,9 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         check_device("device", self.device)
         check_range("steps", self.steps, 1)
+        self.task_files = [as_file_config(f) for f in self.task_files]
+        if not self.domains and not self.task_files:
+            raise ConfigError("no training tasks: set 'domains' (built-in) or 'task_files' (--tasks FILE)")
         check_range("checkpoint_every", self.checkpoint_every, 1)
         for name, w in self.domain_weights.items():
             check_choice("domain_weights", name, self.domains)
@@ -280,6 +289,7 @@ class Run:
     sandbox: object | None = None  # the shared rlvr.sandbox.Sandbox when a domain runs model code
     envs: EnvPool | None = None  # environment instances of multi-turn tasks, reused step to step
     pool_state: dict | None = None  # async: pool state after the newest trained batch's draw
+    eval_tasks: list[Task] = field(default_factory=list)  # the periodic eval suite, built once
 
 
 def setup(cfg: GRPOConfig, resume: bool) -> Run:
@@ -293,14 +303,15 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     if cfg.algo.kl_coef > 0:
         ref_model, _ = load_model_and_tokenizer(cfg.model, device=device)
         ref_model.eval().requires_grad_(False)
-    needs_sandbox = bool(cfg.task_files) or any(
-        getattr(DOMAINS.get(d), "needs_sandbox", False) for d in cfg.domains)
+    user_tasks = file_tasks(cfg.task_files, check=False)
     # The process-wide sandbox (the code verifier runs there), opened with this run's config.
-    sandbox = shared_sandbox(cfg.sandbox, run_dir) if needs_sandbox else None
-    tasks = generate_tasks(cfg.domains, "train", cfg.train_tasks, seed=cfg.seed, levels=cfg.levels,
-                           weights=cfg.domain_weights)
-    for path in cfg.task_files:
-        tasks += load_task_file(path)[0]
+    sandbox = shared_sandbox(cfg.sandbox, run_dir) if needs_sandbox(cfg.domains, user_tasks) else None
+    if user_tasks:  # each file task's own answer must pass its acceptance criteria
+        user_tasks = drop_failing(user_tasks, ", ".join(f.path for f in cfg.task_files))[0]
+    tasks = build_task_set(cfg.domains, "train", cfg.train_tasks, seed=cfg.seed, levels=cfg.levels,
+                           weights=cfg.domain_weights) + user_tasks
+    eval_tasks = eval_task_set(cfg) if cfg.eval_every or cfg.eval.task_files else []
+    refuse_eval_tasks(tasks, eval_tasks, allowed=cfg.allow_eval_tasks, key="allow_eval_tasks")
     per_step = cfg.rollout.tasks_per_step * cfg.rollout.samples_per_task
     updates_per_step = cfg.algo.ppo_epochs * math.ceil(per_step / (cfg.algo.minibatch_size or per_step))
     optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.steps * updates_per_step)
@@ -314,7 +325,13 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
         step = state["step"]
     logger = MetricsLogger(run_dir, resume_step=step if resume else None)
     return Run(cfg, run_dir, model, tokenizer, ref_model, optimizer, scheduler, pool, generator, logger, step,
-               time.perf_counter(), sandbox, envs)
+               time.perf_counter(), sandbox, envs, eval_tasks=eval_tasks)
+
+
+def eval_task_set(cfg: GRPOConfig) -> list[Task]:
+    """The periodic eval suite: the eval split of ``eval.domains`` and the ``eval.task_files``."""
+    e = cfg.eval
+    return build_task_set(e.domains, "eval", e.tasks, seed=e.seed, levels=e.levels, files=e.task_files)
 
 
 def generation(run: Run, tokenizer) -> Callable:
@@ -539,8 +556,7 @@ def rollout_metrics(scored: list[Scored], kept: list[Scored]) -> dict:
 
 
 def periodic_eval(run: Run, cfg: GRPOConfig) -> dict:
-    tasks = generate_tasks(cfg.eval.domains, "eval", cfg.eval.tasks, seed=cfg.eval.seed, levels=cfg.eval.levels)
-    report = evaluate(run.model, run.tokenizer, tasks, cfg.eval, seed=cfg.seed)
+    report = evaluate(run.model, run.tokenizer, run.eval_tasks, cfg.eval, seed=cfg.seed)
     out = {"eval/pass@1": report["overall"]["pass@1"]}
     for domain, stats in report["by_domain"].items():
         out[f"eval/pass@1/{domain}"] = stats["pass@1"]

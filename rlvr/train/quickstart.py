@@ -28,7 +28,7 @@ from rlvr.sandbox.config import SandboxConfig, shared_sandbox
 from rlvr.tasks.base import DOMAINS as DOMAIN_REGISTRY
 from rlvr.errors import UserError
 from rlvr.tasks.base import generate_tasks, overlap
-from rlvr.tasks.files import load_task_file
+from rlvr.tasks.sets import file_tasks
 from rlvr.train.grpo import GRPOConfig, RolloutConfig, run_grpo
 from rlvr.train.pretrain import PretrainConfig, run_pretrain
 from rlvr.train.sft import SFTConfig, run_sft
@@ -128,11 +128,10 @@ def run_quickstart(cfg: QuickstartConfig, *, resume: bool = False, console: Cons
 
 
 def training_tasks(sft: SFTConfig, grpo: GRPOConfig) -> list[Task]:
-    """Every task the SFT and GRPO stages train on (generated train split and GRPO's task files)."""
-    tasks = [t for c in (sft, grpo)
+    """Every task the SFT and GRPO stages train on (generated train split and their task files)."""
+    tasks = [t for c in (sft, grpo) if c.domains
              for t in generate_tasks(c.domains, "train", c.train_tasks, seed=c.seed, levels=c.levels)]
-    for path in grpo.task_files:
-        tasks += load_task_file(path, check_solutions=False)[0]
+    tasks += file_tasks(sft.task_files + grpo.task_files, check=False)
     return tasks
 
 

@@ -4,6 +4,10 @@ An example is ``prompt ids`` (the chat template with the generation prompt) foll
 assistant response ids and the end-of-turn token; the loss mask is 1 exactly on the latter,
 which is the same token layout the policy later produces during RL.
 
+Demonstrations come from the built-in domains' train split, the user's task files (a
+``reference`` column) and the user's conversations (``messages`` rows: every assistant turn is
+trained, the rest masked, with the same ``conversation_ids`` layout as multi-turn episodes).
+
 Multi-turn tasks (tool environments) are demonstrated by real episodes: the task's scripted
 expert actions (``Task.actions``) are played in its environment (tools run in the sandbox),
 and the conversation becomes ids with ``rlvr.envs.tokens.conversation_ids``: assistant turns
@@ -25,7 +29,11 @@ from rlvr.model.checkpoint import save_model_dir
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.model.tokenizer import encode_chat_prompt, encode_completion
 from rlvr.monitor.metrics import MetricsLogger
-from rlvr.tasks.base import generate_tasks
+from rlvr.errors import ConfigError, UserError
+from rlvr.tasks.conversations import load_conversations
+from rlvr.tasks.rows import TaskFileConfig, as_file_config
+from rlvr.tasks.sets import build_task_set, file_tasks
+from rlvr.tasks.validate import refuse_eval_tasks
 from rlvr.train.allocator import keep_freed_memory
 from rlvr.model.inputs import pad_right
 from rlvr.train.common import OptimConfig, build_optimizer, clip_and_step, prepare_run_dir, seed_everything
@@ -46,11 +54,19 @@ class SFTConfig:
     device: str = "cpu"
     """Where the model trains: cpu | cuda | cuda:N | auto (cuda when torch sees a GPU)."""
     domains: list[str] = field(default_factory=lambda: ["math.arith", "math.word"])
-    """Domains whose train split supplies the demonstrations."""
+    """Built-in domains whose train split supplies demonstrations (may be empty)."""
     levels: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
     """Difficulty levels included."""
     train_tasks: int = 2000
-    """Number of (prompt, reference response) pairs."""
+    """Number of (prompt, reference response) pairs drawn from ``domains``."""
+    task_files: list[TaskFileConfig | str] = field(default_factory=list)
+    """The user's task files (docs/tasks.md); each row's ``reference`` column is its
+    demonstration (map one with ``map: {reference: COLUMN}``)."""
+    conversation_files: list[str] = field(default_factory=list)
+    """The user's conversations: JSONL/Parquet/datasets rows with a ``messages`` list; the loss
+    covers every assistant turn."""
+    allow_eval_tasks: bool = False
+    """Train on tasks written from an eval result (``rlvr tasks from-failures``); refused by default."""
     steps: int = 200
     """Optimizer steps."""
     batch_size: int = 32
@@ -67,6 +83,10 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         check_device("sft.device", self.device)
+        self.task_files = [as_file_config(f) for f in self.task_files]
+        if not (self.domains or self.task_files or self.conversation_files):
+            raise ConfigError("no demonstrations: set 'domains', 'task_files' (--tasks) or "
+                              "'conversation_files' (--conversations)")
         check_range("sft.steps", self.steps, 1)
         check_range("sft.batch_size", self.batch_size, 1)
 
@@ -102,6 +122,19 @@ def build_examples(tokenizer, tasks: list[Task], *, env_cfg: EnvConfig | None = 
     return examples
 
 
+def demonstration_tasks(files: list[TaskFileConfig]) -> list[Task]:
+    """The file tasks SFT learns from: each needs a ``reference`` (its demonstration), which must
+    pass its own verifier (checked when the tasks are loaded)."""
+    tasks = file_tasks(files, check=True)
+    missing = [t for t in tasks if t.reference is None and not t.multi_turn]
+    if missing:
+        t = missing[0]
+        raise UserError(f"{t.meta.get('where', t.id)}: field 'reference' is missing ({len(missing)} of "
+                        f"{len(tasks)} tasks have none); SFT needs a reference response per row: map its "
+                        "column with --map reference=COLUMN")
+    return tasks
+
+
 def run_sft(cfg: SFTConfig, *, progress: bool = True) -> dict:
     keep_freed_memory()
     seed_everything(cfg.seed)
@@ -110,7 +143,9 @@ def run_sft(cfg: SFTConfig, *, progress: bool = True) -> dict:
     device = resolve_device("sft.device", cfg.device)
     model, tokenizer = load_model_and_tokenizer(cfg.model, device=device)
     model.train()
-    tasks = generate_tasks(cfg.domains, "train", cfg.train_tasks, seed=cfg.seed, levels=cfg.levels)
+    tasks = build_task_set(cfg.domains, "train", cfg.train_tasks, seed=cfg.seed, levels=cfg.levels)
+    tasks += demonstration_tasks(cfg.task_files)
+    refuse_eval_tasks(tasks, [], allowed=cfg.allow_eval_tasks, key="allow_eval_tasks")
     sandbox = None
     if any(t.multi_turn for t in tasks):
         from rlvr.sandbox.config import shared_sandbox
@@ -118,6 +153,8 @@ def run_sft(cfg: SFTConfig, *, progress: bool = True) -> dict:
         sandbox = shared_sandbox(cfg.sandbox, run_dir)
     examples = build_examples(tokenizer, tasks, env_cfg=cfg.env, sandbox=sandbox,
                               max_len=getattr(model.config, "max_position_embeddings", None))
+    examples += [conversation_ids(tokenizer, messages)
+                 for path in cfg.conversation_files for messages in load_conversations(path)]
     opt, sched = build_optimizer(model, cfg.optim, cfg.steps)
     logger = MetricsLogger(run_dir)
     gen = torch.Generator().manual_seed(cfg.seed)
