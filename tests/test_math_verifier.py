@@ -188,3 +188,107 @@ def test_huge_garbage_completion_fails_fast():
     assert not _check("x" * 2_000_000 + "\nAnswer: " + "9" * 1_000_000).passed
     assert time.process_time() - start < 2.0
     assert time.perf_counter() - wall < 60.0
+
+
+# ---------------------------------------------------------------- relations, named parts, 1,\!250 (issue 28)
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ("y \\leq -2", "y <= -2"), ("y \\le -2", "y ≤ -2"), ("y<=-2", "y ≤ -2"),
+        ("y \\leqslant -2", "y <= -2"),
+        ("x \\geq 3", "x >= 3"), ("x \\ge 3", "x ≥ 3"), ("x \\ne 3", "x != 3"), ("x \\neq 3", "x ≠ 3"),
+        ("x \\not= 3", "x != 3"), ("x!=3", "x \\neq 3"), ("x \\lt 3", "x < 3"), ("x \\gt 3", "x > 3"),
+        ("1 \\le x \\le 2", "1 <= x <= 2"), ("-2 \\ge y", "y <= -2"),
+    ],
+)
+def test_a_relation_in_latex_ascii_or_unicode_is_that_relation(a, b):
+    assert answers_equal(a, b) and answers_equal(b, a)
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ("x < 3", "x > 3"), ("y \\leq -2", "y \\leq -3"), ("y <= -2", "y < -2"), ("x >= 3", "x > 3"),
+        ("x \\ne 3", "x = 3"), ("x != 3", "x \\ne -3"), ("x \\le -2", "y \\le -2"), ("y \\leq -2", "-2"),
+        ("x \\ge 3", "3"), ("x > 3", "3"), ("x \\ne 3", "3"), ("x => 3", "3"), ("x =< 3", "3"),
+        ("x = \\leq 3", "3"), ("5!=120", "120"), ("5!=120", "5 \\ne 120"),
+        ("1 \\le x \\le 2", "1 \\le x \\le 3"),
+    ],
+)
+def test_different_relations_or_a_relation_and_a_number_differ(a, b):
+    assert not answers_equal(a, b) and not answers_equal(b, a)
+
+
+def test_an_interval_answers_a_relation_but_not_the_reverse():
+    assert answers_equal("(-\\infty, -2]", "y \\le -2")
+    assert answers_equal("[1,2]", "1 \\le x \\le 2")
+    assert answers_equal("(-\\infty,3) \\cup (3,\\infty)", "x \\ne 3")
+    assert not answers_equal("(-\\infty, -2)", "y \\le -2")
+    assert not answers_equal("y \\le -2", "(-\\infty, -2]")  # a gold (a, b) may be a point
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ("(a,b)=(1,5)", "(1,5)"), ("(a,b)=(1,5)", "1, 5"), ("(a, b) = \\left(1, 5\\right)", "(1,5)"),
+        ("m=2, n=7", "2, 7"), ("m=2, n=7", "(2,7)"), ("m=2, n=7", "\\left(2, 7\\right)"),
+        ("a=1, b=5", "(a,b)=(1,5)"), ("m=2, n=7", "n=7, m=2"), ("m=2, n=7", "(m,n)=(2,7)"),
+        ("x_1 = 2, x_2 = 7", "2, 7"), ("x_{1} = 2, x_2 = 7", "x_1=2, x_{2}=7"),
+        ("m=\\frac{1}{2}, n=7", "0.5, 7"),
+        ("m=1,\\!250, n=7", "1250, 7"),
+    ],
+)
+def test_named_parts_match_the_bare_values_in_order(a, b):
+    assert answers_equal(a, b) and answers_equal(b, a)
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ("m=2, n=7", "7, 2"), ("(m,n)=(2,7)", "7, 2"), ("(a,b)=(1,5)", "(5,1)"), ("m=2, n=7", "m=7, n=2"),
+        ("(a,b)=(1,5)", "[1,5]"), ("(a,b)=(1,5)", "\\{1,5\\}"), ("(a,b)=(1,5)", "(1,5]"),
+        ("(a,b)=(1,5)", "1, 5, 6"), ("(a,b,c)=(1,5)", "(1,5)"), ("m=2, n=7", "2, 7, 9"), ("m=2, n=7", "9"),
+        ("m=2, n=7", "2"), ("m=2, n=7", "(x,y)=(2,7)"), ("m=2, m=7", "2, 7"), ("a = 1, b = x = 5", "1, 5"),
+        ("m=2, n=7", "x = 2, 7"), ("m = 4 2, n=7", "42, 7"), ("m=2, n=7", "(2,7)=(m,n)"),
+    ],
+)
+def test_named_parts_near_misses_fail(a, b):
+    assert not answers_equal(a, b) and not answers_equal(b, a)
+
+
+def test_named_parts_keep_the_other_rules():
+    assert not answers_equal("m = 41 \\to 42, n=7", "42, 7")  # a chain only the answer has
+    assert _check("\\boxed{(a,b)=(1,5)}", answer="(1,5)").passed
+    assert _check("Answer: m=2, n=-7", answer="2, -7").passed
+    assert not _check("Answer: m=1+1, n=7", answer="2, 7").passed  # not in final form
+    assert _check("Answer: x = 42").passed and not _check("Answer: 1 + 1 = 42").passed
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [("1,\\!250", "1250"), ("1,\\!250", "1{,}250"), ("12,\\!345.5", "12345.5"),
+     ("1,\\!234,\\!567", "1234567"),
+     ("-1,\\!250", "-1250"), ("\\$1,\\!250", "1250"), ("1,\\!25", "\\{1, 25\\}"), ("1,2", "\\{1,2\\}")],
+)
+def test_thin_space_thousands_separator_is_a_number(a, b):
+    assert answers_equal(a, b) and answers_equal(b, a)
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [("1,\\!25", "125"), ("1,\\!2500", "12500"), ("1,\\!250", "1.25"), ("1,\\!250", "250"),
+     ("1,\\!250", "1,\\!251"),
+     ("1,2", "12")],
+)
+def test_thin_space_near_misses_fail(a, b):
+    assert not answers_equal(a, b) and not answers_equal(b, a)
+
+
+def test_relations_and_separators_pass_the_verifier():
+    assert _check("Answer: y \\leq -2", answer="y <= -2").passed
+    assert _check("Answer: x != 3", answer="x \\neq 3").passed
+    assert _check("Answer: x \\geq -2", answer="-2 \\le x").passed
+    assert _check("\\boxed{1,\\!250}", answer="1250").passed
+    assert not _check("Answer: y \\leq -2", answer="-2").passed

@@ -10,11 +10,20 @@ parsed as LaTeX and as plain expressions) after a little normalisation. Decision
     rounding to 6 decimals (math-verify's default), so ``0.333333`` == ``1/3``.
   * percent: ``50\%`` == ``50%`` == ``0.5``; math-verify also lets the sign be dropped
     (gold ``50%`` matches ``50``), but ``0.5`` never matches ``50``.
-  * thousands separators: ``1,000`` / ``1{,}000`` / ``1 000`` == ``1000`` when the whole answer
-    has that shape; otherwise a comma separates elements (``1,2`` is the set {1, 2}).
+  * thousands separators: ``1,000`` / ``1{,}000`` / ``1 000`` / ``1,\!000`` == ``1000`` when the
+    whole answer has that shape; otherwise a comma separates elements (``1,2`` is the set {1, 2},
+    ``1,\!25`` the set {1, 25}: a thin-space separator counts only before 3 digits).
   * sets and intervals: ``\{1,2\}`` == ``{2,1}``; ``(0,1]`` != ``(0,1)``.
   * equations: ``x = 3`` == ``3`` only when the left side is a bare variable; ``1 + 1 = 42`` is
     not ``42`` (math-verify alone would compare the right-hand side and say it is).
+  * named parts: ``(a,b)=(1,5)`` and ``a=1, b=5`` (two or more distinct bare variables) match
+    the bare values in order, ``1, 5`` or ``(1, 5)``, never ``5, 1``, ``[1,5]`` or ``\{1,5\}``; a
+    count mismatch fails. Two named answers compare by name (``b=5, a=1`` == ``(a,b)=(1,5)``).
+  * relations: ``\le``/``\leq``/``\leqslant``/``<=``/``≤`` are one relation, likewise ``\ge``,
+    ``\ne``/``\neq``/``!=``/``≠`` (``!=`` only after a space or letter: ``5!=120`` is a
+    factorial), ``\lt``/``<``, ``\gt``/``>``. A relation is not a number (``y \le -2`` !=
+    ``-2``, ``x => 3`` != ``3``); an interval answers a relation gold (``(-\infty,-2]`` for
+    ``y \le -2``, math-verify) but not the reverse, since a gold ``(1,5)`` may be a point.
   * two numbers separated only by spaces (``4 2``, ``4\;2``) never match (math-verify reads
     4 + 2), and neither does a chain the gold does not have (``41 \to 42``, ``41 \vee 42``),
     which math-verify would read as its last side.
@@ -123,6 +132,20 @@ def extract_final_answer(text: str) -> tuple[str | None, str]:
 
 # ---------------------------------------------------------------- equivalence
 
+# one spelling per relation: LaTeX, ASCII and Unicode forms all become the Unicode sign. "!="
+# only after a space or a letter: "5!=120" keeps its factorial (and fails the safety bound).
+_RELATION_SPELLINGS = (
+    (re.compile(r"\\(?:leq?|leqslant|leqq)(?![A-Za-z])|(?<![<>=!])<=(?![<>=])|⩽"), "≤"),
+    (re.compile(r"\\(?:geq?|geqslant|geqq)(?![A-Za-z])|(?<![<>=!])>=(?![<>=])|⩾"), "≥"),
+    (re.compile(r"\\(?:neq?(?![A-Za-z])|not\s*=)|(?<=[\sA-Za-z])!=(?!=)"), "≠"),
+    (re.compile(r"\\lt(?![A-Za-z])"), "<"),
+    (re.compile(r"\\gt(?![A-Za-z])"), ">"),
+)
+_INEQUALITY = re.compile(r"[<>≤≥≠]")
+# LaTeX's thin-space thousands separator "1,\!250"; not before a group of other than 3 digits
+_THIN_THOUSANDS = re.compile(r"(?<=\d),\\!(?=\d{3}(?!\d))")
+_LEFT_RIGHT = re.compile(r"\\(?:left|right)(?=[()])")
+
 
 def _group_end(s: str, i: int) -> int:
     """Index just past the bracket group opening at ``s[i]`` (end of string if unbalanced)."""
@@ -162,7 +185,11 @@ def _is_safe(s: str) -> bool:
 
 
 def _normalise(s: str) -> str | None:
-    """Strip delimiters, currency signs and unambiguous thousands separators; None if unsafe."""
+    """Strip delimiters, currency signs and unambiguous thousands separators, spell each
+    relation one way; None if unsafe."""
+    s = _THIN_THOUSANDS.sub("{,}", s)
+    for pattern, sign in _RELATION_SPELLINGS:
+        s = pattern.sub(sign, s)
     s = _LATEX_SPACE.sub(" ", s.replace("\\$", "").replace("$", "")).strip()
     for left, right in (("\\(", "\\)"), ("\\[", "\\]")):
         if s.startswith(left) and s.endswith(right):
@@ -174,11 +201,71 @@ def _normalise(s: str) -> str | None:
 
 
 def _rhs_of_assignment(s: str) -> str | None:
-    """``"x = 3"`` -> ``"3"``; None for anything else containing ``=``."""
+    """``"x = 3"`` -> ``"3"``; None for anything else containing ``=`` (``x => 3`` too)."""
     parts = s.split("=")
     if len(parts) == 2 and _BARE_VARIABLE.fullmatch(parts[0].strip()) and parts[1].strip():
-        return parts[1].strip()
+        return None if _INEQUALITY.search(parts[1]) else parts[1].strip()
     return None
+
+
+def _split_items(s: str) -> list[str] | None:
+    """Top-level comma-separated items; None if brackets do not balance or an item is empty."""
+    items, depth, start = [], 0, 0
+    for k, ch in enumerate(s):
+        depth += 1 if ch in "([{" else -1 if ch in ")]}" else 0
+        if depth < 0:
+            return None
+        if depth == 0 and ch == ",":
+            items.append(s[start:k].strip())
+            start = k + 1
+    items.append(s[start:].strip())
+    return items if depth == 0 and all(items) else None
+
+
+def _elements(s: str) -> list[str] | None:
+    """``"1, 5"`` or ``"(1, 5)"`` -> ``["1", "5"]``; any other bracket keeps its group whole."""
+    s = _LEFT_RIGHT.sub("", s).strip()
+    if s.startswith("(") and s.endswith(")") and _split_items(s[1:-1]) is not None:
+        s = s[1:-1]
+    return _split_items(s)
+
+
+def _named_parts(s: str) -> list[tuple[str, str]] | None:
+    """``"(a,b)=(1,5)"`` or ``"a=1, b=5"`` -> ``[("a", "1"), ("b", "5")]``; None unless two or
+    more distinct bare variables are each given one value."""
+    if s.count("=") == 1:
+        names, values = (_elements(side) for side in s.split("="))
+    else:
+        halves = [item.split("=") for item in _elements(s) or []]
+        if not all(len(half) == 2 for half in halves):
+            return None
+        names, values = [h[0].strip() for h in halves], [h[1].strip() for h in halves]
+    if not names or not values or len(names) != len(values) or len(names) < 2:
+        return None
+    names = [name.replace("{", "").replace("}", "") for name in names]
+    if len(set(names)) < len(names) or not all(_BARE_VARIABLE.fullmatch(n) for n in names):
+        return None
+    return list(zip(names, values))
+
+
+def _named_parts_equal(p: str, g: str) -> bool | None:
+    """Compare answers that name their parts: by name when both do, else the values in order
+    against the bare items of the other side. None when neither side names its parts."""
+    named_p, named_g = _named_parts(p), _named_parts(g)
+    if named_p is None and named_g is None:
+        return None
+    if named_p is not None and named_g is not None:
+        by_name_p, by_name_g = dict(named_p), dict(named_g)
+        return by_name_p.keys() == by_name_g.keys() and all(
+            answers_equal(value, by_name_g[name]) for name, value in by_name_p.items()
+        )
+    named, other = (named_p, g) if named_p is not None else (named_g, p)
+    items = None if "=" in other else _elements(other)
+    if items is None or len(items) != len(named):
+        return False
+    values = [value for _, value in named]
+    pairs = zip(values, items) if named is named_p else zip(items, values)
+    return all(answers_equal(pred_value, gold_value) for pred_value, gold_value in pairs)
 
 
 def _parse(s: str) -> list:
@@ -200,11 +287,19 @@ def _comparable(pred: str, gold: str) -> tuple[str, str] | None:
         return None
     if _RELATIONS.search(p) and not _RELATIONS.search(g):
         return None
+    if _INEQUALITY.search(p) and not _INEQUALITY.search(g):
+        return None  # a relation is not a number; math-verify may still take a set for a relation
     return p, g
 
 
 def answers_equal(pred: str, gold: str) -> bool:
     """Whether ``pred`` is mathematically equivalent to ``gold`` (see the module docstring)."""
+    p, g = _normalise(pred), _normalise(gold)
+    if p is None or g is None:
+        return False
+    named = _named_parts_equal(p, g)
+    if named is not None:
+        return named
     pair = _comparable(pred, gold)
     if pair is None:
         return False
