@@ -109,6 +109,10 @@ class TaskFileConfig:
         if self.reward and self.verifier and self.verifier != "python":
             raise ConfigError(f"a task file has both verifier {self.verifier!r} and reward functions; "
                               "choose one (the functions are the acceptance criteria)")
+        if self.verifier:
+            from rlvr.verifiers import VERIFIERS
+
+            check_choice("task_files.verifier", self.verifier, VERIFIERS.names())
         if self.level < 1:
             raise ConfigError(f"config key 'level' = {self.level} must be >= 1")
 
@@ -245,7 +249,7 @@ def mbpp_task(obj: dict[str, Any], stem: str, source: str, index: str) -> Task:
     if not isinstance(asserts, list) or not asserts or not all(isinstance(a, str) for a in asserts):
         raise RowError("test_list", "is not a non-empty list of assert strings")
     setup = _str(obj, "test_setup_code", required=False) or ""
-    entry_point = entry_point_of(code, asserts) if _takes_asserts(entry_point_of) else entry_point_of(code)
+    entry_point = entry_point_of(code, asserts)
     if not entry_point:
         raise RowError("code", "defines no function that the asserts call")
     try:
@@ -260,12 +264,6 @@ def mbpp_task(obj: dict[str, Any], stem: str, source: str, index: str) -> Task:
         spec=Spec("code", {"entry_point": entry_point, "test": test}), key=text.strip(),
         reference="```python\n" + _with_newline(code) + "```", meta={"source": source},
     )
-
-
-def _takes_asserts(fn) -> bool:
-    import inspect
-
-    return len(inspect.signature(fn).parameters) > 1
 
 
 def rlvr_task(obj: dict[str, Any]) -> Task:

@@ -361,13 +361,41 @@ def tests_with_prompt(test: str, prompt_code: str, entry_point: str) -> str:
     ``encode_cyclic`` in /38), as they do in the reference harness, where tests and program share
     a namespace. Here the tests run apart from the candidate, so the prompt code is run on the
     tests' side too; the harness's stub for ``entry_point`` is kept and restored, so the tests
-    still call the candidate. Falls back to ``test`` alone when the combination does not compile.
+    still call the candidate. The prompt's ``from __future__`` imports (which must come first)
+    are put before the stub is saved, and a prompt that ends in a bare ``def`` line (the model
+    writes the body) gets a ``...`` body here. Falls back to ``test`` alone when the combination
+    does not compile.
     """
     if not prompt_code:
         return test
-    combined = (f"_rlvr_candidate = {entry_point}\n{prompt_code}\n\n{test}\n\n"
-                f"{entry_point} = _rlvr_candidate\n")
-    return combined if not isinstance(compile_check(combined), str) else test
+    head, body = _split_future(prompt_code)
+    last = body.rstrip().rsplit("\n", 1)[-1]
+    stubbed = body.rstrip() + "\n" + last[:len(last) - len(last.lstrip())] + "    ...\n"
+    for prompt_body in (body, stubbed):
+        combined = (f"{head}_rlvr_candidate = {entry_point}\n{prompt_body}\n\n{test}\n\n"
+                    f"{entry_point} = _rlvr_candidate\n")
+        if not isinstance(compile_check(combined), str):
+            return combined
+    return test
+
+
+def _split_future(source: str) -> tuple[str, str]:
+    """``source`` split after its leading docstring and ``from __future__`` imports, if any."""
+    tree = compile_check(source)
+    if isinstance(tree, str):
+        return "", source
+    end = 0
+    for i, node in enumerate(tree.body):
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            end = node.end_lineno or 0
+        elif not (i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                  and isinstance(node.value.value, str)):
+            break
+    if not end:
+        return "", source
+    lines = re.findall(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$", source)  # as the tokenizer counts
+    head = "".join(lines[:end])
+    return head + ("" if head.endswith("\n") else "\n"), "".join(lines[end:])
 
 
 def _prepare(task: Task, completion: str) -> Verdict | _Pending:
