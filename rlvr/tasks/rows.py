@@ -339,10 +339,7 @@ def question_task(row: Row, cfg: TaskFileConfig, stem: str, index: int) -> Task 
     if get("prompt") is None:
         raise RowError(where("prompt"), "is missing" + ("" if cfg.map else "; name the prompt column with "
                                                         "--map prompt=COLUMN"))
-    try:
-        prompt = _messages(get("prompt"), where("prompt"))
-    except RowError:
-        raise
+    prompt = _messages(get("prompt"), where("prompt"))
     kind = get("verifier") or cfg.verifier or ("python" if cfg.reward else DEFAULT_VERIFIER)
     if not isinstance(kind, str) or kind not in VERIFIERS:
         raise RowError(where("verifier"), f"names no verifier {kind!r}; choose one of: {', '.join(VERIFIERS.names())}")
