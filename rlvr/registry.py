@@ -4,6 +4,9 @@ A duplicate name raises; an unknown name raises with the sorted choices (it is a
 so the CLI prints it without a traceback). Adding a domain, verifier, advantage estimator or
 loss is a new function or class plus one ``@REGISTRY.register("name")`` line. A throwaway entry
 (a test's) is registered for one block only: ``with DOMAINS.temporary("name", entry): ...``.
+A family of entries made on demand (one per dataset of an optional library) is a resolver for a
+name prefix: ``DOMAINS.lazy("rg.", make, "rg.<dataset>")`` makes and registers ``rg.x`` on its
+first ``get``; ``names()`` and ``in`` report only the entries registered so far.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
+        self._resolvers: list[tuple[str, Callable[[str], T], str]] = []
 
     def register(self, name: str) -> Callable[[T], T]:
         if name != name.lower():
@@ -49,13 +53,30 @@ class Registry(Generic[T]):
             if self._entries.get(name) is entry:
                 del self._entries[name]
 
+    def lazy(self, prefix: str, resolve: Callable[[str], T], hint: str) -> None:
+        """Make unregistered names starting with ``prefix`` on demand: ``get(name)`` calls
+        ``resolve(name)`` (which raises ``UserError`` for a name it cannot make, e.g. an optional
+        dependency missing), registers the entry under ``name`` and returns it. ``hint`` names the
+        family in the unknown-name message (``"rg.<dataset>"``)."""
+        if prefix != prefix.lower():
+            raise ValueError(f"{self.kind} names are lowercase: {prefix!r}")
+        if any(p == prefix for p, _, _ in self._resolvers):
+            raise ValueError(f"{self.kind} prefix {prefix!r} already has a resolver")
+        self._resolvers.append((prefix, resolve, hint))
+
     def get(self, name: str) -> T:
         try:
             return self._entries[name]
         except KeyError:
-            raise UserError(
-                f"unknown {self.kind} {name!r}; choose one of: {', '.join(self.names())}"
-            ) from None
+            pass
+        for prefix, resolve, _ in self._resolvers:
+            if name.startswith(prefix):
+                entry = resolve(name)
+                if name not in self._entries:
+                    self.register(name)(entry)
+                return self._entries[name]
+        choices = [*self.names(), *(hint for _, _, hint in self._resolvers)]
+        raise UserError(f"unknown {self.kind} {name!r}; choose one of: {', '.join(choices)}")
 
     def names(self) -> list[str]:
         return sorted(self._entries)

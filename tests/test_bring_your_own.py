@@ -56,7 +56,7 @@ def test_train_on_a_csv_then_eval_on_the_held_out_file(tiny_model_dir, tmp_path,
     report = json.loads(out.read_text())
     assert report["overall"]["n_tasks"] == 6 and set(report["by_domain"]) == {"file.math"}
     assert set(report["by_domain"]["file.math"]["by_level"]) == {"1", "2"}
-    assert len(report["tasks"]) == 6 and report["tasks"][0]["task"]["spec"]["kind"] == "number"
+    assert len(report["tasks"]) == 6 and report["tasks"][0]["task"]["spec"]["kind"] == "math"
 
 
 def test_eval_reports_by_tag_and_failures_feed_the_next_round(tiny_model_dir, tmp_path, capsys):
