@@ -127,3 +127,18 @@ def test_bad_conversation_rows_are_located(tiny_model_dir, tmp_path, capsys):
                      + "\n" + json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     assert main(["sft", "--model", tiny_model_dir, "--conversations", str(convs), "--out", str(tmp_path / "r")]) == 2
     assert "chats.jsonl:2: field 'messages' has no assistant message" in capsys.readouterr().err
+
+
+def test_a_model_directory_without_a_tokenizer_is_one_line_exit_2(tiny_model_dir, tmp_path, capsys):
+    import shutil
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(f"{tiny_model_dir}/{name}", bare / name)
+    tasks = write_csv(tmp_path / "t.csv", qa_rows(1, 3))
+    for argv in (["train", "--model", str(bare), "--tasks", tasks, "--map", "prompt=question", "--out", str(tmp_path / "r")],
+                 ["eval", "--model", str(bare), "--tasks", tasks, "--map", "prompt=question", "--out", str(tmp_path / "e.json")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and str(bare) in err and "no tokenizer files" in err
