@@ -1,6 +1,7 @@
 """Reward composition: verdict -> scalar reward plus named terms that sum to it.
 
-reward = outcome   pass / fail value, or the verifier's partial score if asked
+reward = outcome   pass / fail value, or the verifier's partial score if asked, or the value of
+                   the user's reward functions (a verdict with details["reward"])
        + format    small bonus when the answer is in the required form
        + overlong  DAPO soft punishment near the generation limit, or a fixed penalty for
                    samples truncated at the limit
@@ -35,7 +36,9 @@ class RewardConfig:
     fail_reward: float = 0.0
     """Outcome reward when it fails."""
     outcome: Literal["binary", "score"] = "binary"
-    """`binary`: pass/fail values; `score`: fail + (pass - fail) * verdict.score (partial credit)."""
+    """`binary`: pass/fail values; `score`: fail + (pass - fail) * verdict.score (partial credit).
+    Either way, a verdict of the user's reward functions (spec kind `python`) gives its own value
+    (details['reward'], the weighted sum) as the outcome."""
     format_weight: float = 0.0
     """Added when the verifier reports details['format_ok'] (0 disables)."""
     overlong: Literal["none", "soft", "truncated"] = "none"
@@ -144,7 +147,9 @@ def _program(verdict: Verdict) -> str | None:
 def _compose(task: Task, verdict: Verdict, trajectory: Trajectory, cfg: RewardConfig, max_new_tokens: int,
              lint: float) -> Scored:
     """The named terms for one trajectory; ``lint`` is its program's lint score (0 if none)."""
-    if cfg.outcome == "binary":
+    if "reward" in verdict.details:  # a custom reward function's own value (rlvr.verifiers.python_reward)
+        outcome = float(verdict.details["reward"])
+    elif cfg.outcome == "binary":
         outcome = cfg.pass_reward if verdict.passed else cfg.fail_reward
     else:
         outcome = cfg.fail_reward + (cfg.pass_reward - cfg.fail_reward) * float(verdict.score)

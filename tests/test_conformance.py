@@ -31,6 +31,8 @@ it, so ``RLVR_REQUIRE_STRICT_SANDBOX=1`` turns the skip into a failure).
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 import importlib
 import json
@@ -349,9 +351,15 @@ def check_verifier(name: str, sandbox=None) -> None:
     verifier = VERIFIERS.get(name)
     assert verifier.name == name, f"verifier registered as {name!r} calls itself {verifier.name!r}"
     users = domains_where(lambda t: t.spec.kind == name and not t.multi_turn)
-    assert users, (f"no registered domain makes single-turn tasks of spec kind {name!r}: conformance "
-                   f"has nothing to check the verifier against (register a domain that uses it)")
-    tasks = [t for d in users for t in sample_tasks(DOMAINS.get(d), 0, ("train",), 1) if t.spec.kind == name]
+    examples = getattr(verifier, "examples", None)
+    assert users or callable(examples), (
+        f"no registered domain makes single-turn tasks of spec kind {name!r} and the verifier has no "
+        "examples(): conformance has nothing to check it against")
+    if users:
+        tasks = [t for d in users for t in sample_tasks(DOMAINS.get(d), 0, ("train",), 1) if t.spec.kind == name]
+    else:  # a verifier of the user's criteria: its own examples, each with a passing completion
+        tasks = [dataclasses.replace(t, reference=c) for t, c in examples()]
+        assert len(tasks) >= 4, f"verifier {name}: examples() gives {len(tasks)} tasks; give at least 4"
 
     def run(pairs: list[tuple[Task, str]], what: str) -> list[Verdict]:
         try:

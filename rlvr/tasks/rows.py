@@ -109,6 +109,11 @@ class TaskFileConfig:
         if self.reward and self.verifier and self.verifier != "python":
             raise ConfigError(f"a task file has both verifier {self.verifier!r} and reward functions; "
                               "choose one (the functions are the acceptance criteria)")
+        if self.reward:
+            from rlvr.verifiers.python_reward import resolve_reward_fn
+
+            for f in reward_functions(self.reward):
+                resolve_reward_fn(f["ref"])  # a ref that cannot work stops here, once
         if self.verifier:
             from rlvr.verifiers import VERIFIERS
 
