@@ -127,7 +127,7 @@ CLEAN = [{"id": "a1", "question": "What is 2 + 3?", "answer": "5"},
 DEFECTS = {  # defect -> (row or raw line, expected field/message)
     "types": ({"id": "b1", "question": 5, "answer": "1"}, r"field 'question' \(mapped to 'prompt'\) is not text"),
     "schema": ({"id": "b2", "question": "What is 1 + 1?"}, "math spec: .*answer"),
-    "gold fails its verifier": ({"id": "b3", "question": "What is 3 + 3?", "answer": "\\frac{1}{"},
+    "gold fails its verifier": ({"id": "b3", "question": "What is 3 + 3?", "answer": "6\n7"},  # no one-line answer
                                 "gold answer fails its own verifier"),
     "duplicate id": ({"id": "a1", "question": "What is 4 + 4?", "answer": "8"}, "field 'id' repeats task 'a1' \\(line 1\\)"),
     "duplicate prompt": ({"id": "b5", "question": "what  is 2 + 3?", "answer": "5"}, "repeats the prompt of .*:1"),

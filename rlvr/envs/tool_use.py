@@ -44,7 +44,8 @@ from typing import Any
 from rlvr.envs.base import ENVS, EnvConfig, Step, ToolEnv
 from rlvr.envs.tools import Tool, ToolCallError
 from rlvr.types import Verdict
-from rlvr.verifiers.math import answers_equal, extract_final_answer, is_final_form
+from rlvr.verifiers.answer import extract_final_answer
+from rlvr.verifiers.math import answers_equal, is_final_form
 
 TABLE = "items"
 COLUMNS = ("name", "kind", "price", "qty")

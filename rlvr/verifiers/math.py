@@ -49,6 +49,8 @@ import re
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from rlvr.types import Task, Verdict
+from rlvr.verifiers.answer import ANSWER_AT, format_instruction, locate_answer, place_answer
+from rlvr.verifiers.answer import extract_final_answer  # noqa: F401  (re-exported: the math rule's name)
 from rlvr.verifiers.base import VERIFIERS
 
 MAX_ANSWER_CHARS = 200
@@ -66,7 +68,6 @@ _RELATIONS = re.compile(
     r"\\(?:to|[rR]ightarrow|[iI]mplies|mapsto|sim|approx|equiv|coloneqq|vee|lor|[lc]?dots)\b|:=|→"
 )
 _INTEGER = re.compile(r"[+-]?\d+")
-_ANSWER_LINE = re.compile(r"^[ \t]*Answer:(.*)$")
 _OPERATORS = {
     "add": re.compile(r"(?<=[\w)\]}.])\s*[-+−]"),  # a binary plus or minus: after an operand
     "mul": re.compile(r"\*|\\times|\\cdot|\\ast|×|·"),
@@ -85,49 +86,6 @@ class _NoTimeoutWarning(logging.Filter):
 
 for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(_NoTimeoutWarning())
-
-
-# ---------------------------------------------------------------- extraction
-
-
-def _boxed_content(text: str) -> str | None:
-    """Content of the first ``\\boxed{...}`` (balanced braces), or None if malformed."""
-    j = text.find("\\boxed") + len("\\boxed")
-    while j < len(text) and text[j] in " \t":
-        j += 1
-    if j >= len(text) or text[j] != "{":
-        return None
-    depth = 0
-    for k in range(j, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[k], 0)
-        if depth == 0:
-            return text[j + 1 : k].strip()
-    return None
-
-
-def extract_final_answer(text: str) -> tuple[str | None, str]:
-    """``(answer, "ok")``, or ``(None, "no_answer" | "multiple_answers")``. Fails closed."""
-    lines = text.splitlines()
-    matches = ((i, _ANSWER_LINE.match(line)) for i, line in enumerate(lines))
-    answer_lines = [(i, m.group(1).strip()) for i, m in matches if m]
-    n_boxed = text.count("\\boxed")
-    if n_boxed > 1 or len(answer_lines) > 1:
-        return None, "multiple_answers"
-    boxed = _boxed_content(text) if n_boxed else None
-    if n_boxed and boxed is None:
-        return None, "no_answer"  # an unclosed \boxed{ (e.g. a truncated completion)
-    line_answer, line_is_last = None, False
-    if answer_lines:
-        i, content = answer_lines[0]
-        line_answer = boxed if "\\boxed" in content else content
-        line_is_last = not any(line.strip() for line in lines[i + 1 :])
-    if len({a for a in (boxed, line_answer) if a}) > 1:
-        return None, "multiple_answers"
-    if boxed:
-        return boxed, "ok"
-    if line_answer and line_is_last:
-        return line_answer, "ok"
-    return None, "no_answer"
 
 
 # ---------------------------------------------------------------- equivalence
@@ -353,17 +311,20 @@ def is_final_form(pred: str, gold: str) -> bool:
 
 
 class MathVerifier:
-    """Spec ``{"answer": str, "tolerance": float}``; tolerance is absolute, 0 (or absent) = exact.
+    """Spec ``{"answer": str, "tolerance": float, "answer_at": str}``; tolerance is absolute, 0 (or
+    absent) = exact; ``answer_at`` is where the final answer must be (``rlvr.verifiers.answer``,
+    default ``final``).
 
     ``format_ok`` is True when exactly one well-formed final answer was found.
     """
 
     name = "math"
+    PAYLOAD_KEYS = ("answer", "tolerance", "answer_at")
 
     def check(self, task: Task, completion: str) -> Verdict:
         gold = str(task.spec.payload["answer"])
         tolerance = float(task.spec.payload.get("tolerance", 0.0))  # tolerance is optional in task files
-        extracted, status = extract_final_answer(completion)
+        extracted, status = locate_answer(completion, task.spec.payload.get("answer_at", "final"))
         details = {"extracted": extracted, "gold": gold, "format_ok": extracted is not None}
         if extracted is None:
             return Verdict(passed=False, score=0.0, reason=status, details=details)
@@ -372,6 +333,26 @@ class MathVerifier:
         )
         reason = "ok" if passed else "mismatch"
         return Verdict(passed=passed, score=float(passed), reason=reason, details=details)
+
+    def validate_payload(self, payload: dict) -> None:
+        """``ValueError`` naming the key: a missing or empty answer, a bad tolerance or answer_at."""
+        unknown = sorted(set(payload) - set(self.PAYLOAD_KEYS))
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r}; allowed: {', '.join(self.PAYLOAD_KEYS)}")
+        answer = payload.get("answer")
+        if answer is None or isinstance(answer, (bool, dict, list)) or not str(answer).strip():
+            raise ValueError("'answer' is missing" if answer is None else "'answer' must be a non-empty string")
+        tolerance = payload.get("tolerance", 0.0)
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance >= 0:
+            raise ValueError("'tolerance' must be a number >= 0")
+        if payload.get("answer_at", "final") not in ANSWER_AT:
+            raise ValueError(f"'answer_at' must be one of: {', '.join(ANSWER_AT)}")
+
+    def gold_completion(self, payload: dict) -> str:
+        return place_answer(str(payload["answer"]), payload.get("answer_at", "final"))
+
+    def instruction(self, payload: dict) -> str:
+        return format_instruction(payload.get("answer_at", "final"))
 
 
 VERIFIERS.register("math")(MathVerifier())

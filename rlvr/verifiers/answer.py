@@ -1,0 +1,121 @@
+r"""Where the final answer of a completion is, read strictly: the ``answer_at`` of a spec.
+
+``locate_answer(text, where)`` returns ``(answer, "ok")`` or ``(None, "no_answer" |
+"multiple_answers")`` and never raises on model output. The places (``ANSWER_AT``):
+
+    final        exactly one ``\boxed{...}``, or a last non-empty line ``Answer: ...`` (both may
+                 appear when they agree, e.g. ``Answer: \boxed{42}``); the default, and the math
+                 domains' rule (``extract_final_answer``)
+    boxed        exactly one ``\boxed{...}`` (balanced braces), anywhere
+    answer_line  exactly one ``Answer:`` line, and it is the last non-empty line
+    last_line    the last non-empty line, stripped
+    whole        the whole completion, stripped
+
+Several answers, or none, fail: the gold appearing only in the reasoning counts for nothing.
+``format_instruction(where)`` is the sentence a prompt gets so the model knows the rule, and
+``place_answer(answer, where)`` a completion that states ``answer`` there (a gold answer must pass
+its own verifier that way).
+"""
+
+from __future__ import annotations
+
+import re
+
+ANSWER_AT = ("final", "boxed", "answer_line", "last_line", "whole")
+MAX_ANSWER_TEXT = 100_000  # longer completions are not searched (they fail as no_answer)
+_ANSWER_LINE = re.compile(r"^[ \t]*Answer:(.*)$")
+_INSTRUCTIONS = {
+    "final": "Give your final answer as \\boxed{...} or on a last line 'Answer: ...'.",
+    "boxed": "Put your final answer in \\boxed{...}, once.",
+    "answer_line": "End with one line 'Answer: ...' that states your final answer.",
+    "last_line": "Write your final answer alone on the last line.",
+    "whole": "Reply with the answer only, nothing else.",
+}
+
+
+def _boxed_content(text: str) -> str | None:
+    """Content of the first ``\\boxed{...}`` (balanced braces), or None if malformed."""
+    j = text.find("\\boxed") + len("\\boxed")
+    while j < len(text) and text[j] in " \t":
+        j += 1
+    if j >= len(text) or text[j] != "{":
+        return None
+    depth = 0
+    for k in range(j, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[k], 0)
+        if depth == 0:
+            return text[j + 1 : k].strip()
+    return None
+
+
+def extract_final_answer(text: str) -> tuple[str | None, str]:
+    """``(answer, "ok")``, or ``(None, "no_answer" | "multiple_answers")``. Fails closed."""
+    lines = text.splitlines()
+    matches = ((i, _ANSWER_LINE.match(line)) for i, line in enumerate(lines))
+    answer_lines = [(i, m.group(1).strip()) for i, m in matches if m]
+    n_boxed = text.count("\\boxed")
+    if n_boxed > 1 or len(answer_lines) > 1:
+        return None, "multiple_answers"
+    boxed = _boxed_content(text) if n_boxed else None
+    if n_boxed and boxed is None:
+        return None, "no_answer"  # an unclosed \boxed{ (e.g. a truncated completion)
+    line_answer, line_is_last = None, False
+    if answer_lines:
+        i, content = answer_lines[0]
+        line_answer = boxed if "\\boxed" in content else content
+        line_is_last = not any(line.strip() for line in lines[i + 1 :])
+    if len({a for a in (boxed, line_answer) if a}) > 1:
+        return None, "multiple_answers"
+    if boxed:
+        return boxed, "ok"
+    if line_answer and line_is_last:
+        return line_answer, "ok"
+    return None, "no_answer"
+
+
+def _answer_lines(text: str) -> tuple[list[str], list[tuple[int, str]]]:
+    lines = text.splitlines()
+    found = [(i, m.group(1).strip()) for i, line in enumerate(lines) if (m := _ANSWER_LINE.match(line))]
+    return lines, found
+
+
+def locate_answer(text: str, where: str = "final") -> tuple[str | None, str]:
+    """The answer at ``where`` (see the module docstring). ``ValueError`` for an unknown place."""
+    if where not in ANSWER_AT:
+        raise ValueError(f"unknown answer_at {where!r}; choose one of: {', '.join(ANSWER_AT)}")
+    if not isinstance(text, str) or len(text) > MAX_ANSWER_TEXT:
+        return None, "no_answer"
+    if where == "final":
+        return extract_final_answer(text)
+    if where == "boxed":
+        n = text.count("\\boxed")
+        if n > 1:
+            return None, "multiple_answers"
+        content = _boxed_content(text) if n else None
+        return (content, "ok") if content else (None, "no_answer")
+    if where == "answer_line":
+        lines, found = _answer_lines(text)
+        if len(found) > 1:
+            return None, "multiple_answers"
+        if not found or not found[0][1] or any(line.strip() for line in lines[found[0][0] + 1:]):
+            return None, "no_answer"
+        return found[0][1], "ok"
+    if where == "last_line":
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return (lines[-1], "ok") if lines else (None, "no_answer")
+    stripped = text.strip()
+    return (stripped, "ok") if stripped else (None, "no_answer")
+
+
+def format_instruction(where: str = "final") -> str:
+    """One sentence telling the model where its final answer must be."""
+    return _INSTRUCTIONS[where]
+
+
+def place_answer(answer: str, where: str = "final") -> str:
+    """A completion stating ``answer`` at ``where`` (``locate_answer`` reads it back)."""
+    if where in ("final", "answer_line"):
+        return f"Answer: {answer}"
+    if where == "boxed":
+        return f"The answer is \\boxed{{{answer}}}."
+    return answer
