@@ -119,3 +119,12 @@ def place_answer(answer: str, where: str = "final") -> str:
     if where == "boxed":
         return f"The answer is \\boxed{{{answer}}}."
     return answer
+
+
+def check_keys(payload: dict, allowed: tuple[str, ...]) -> None:
+    """``ValueError`` naming the first key of ``payload`` not in ``allowed``, or a bad answer_at."""
+    unknown = sorted(set(payload) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r}; allowed: {', '.join(allowed)}")
+    if payload.get("answer_at", "final") not in ANSWER_AT:
+        raise ValueError(f"'answer_at' = {payload['answer_at']!r}; choose one of: {', '.join(ANSWER_AT)}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from rlvr.registry import Registry
-from rlvr.types import Task, Verdict
+from rlvr.types import Spec, Task, Verdict
 
 
 class Verifier(Protocol):
@@ -59,3 +59,10 @@ def check_all(pairs: list[tuple[Task, str]]) -> list[Verdict]:
         for i, verdict in zip(indices, out):
             verdicts[i] = verdict
     return verdicts  # type: ignore[return-value]  (every slot is filled above)
+
+
+def example_task(kind: str, i: int, question: str, payload: dict) -> Task:
+    """A small task of spec ``kind`` for a verifier's ``examples()`` (the conformance suite checks
+    verifiers that no built-in domain uses through them)."""
+    return Task(id=f"{kind}/example/{i}", domain=f"file.{kind}", level=1,
+                prompt=({"role": "user", "content": question},), spec=Spec(kind, payload), key=question)

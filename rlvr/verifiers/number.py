@@ -1,0 +1,139 @@
+r"""The ``number`` verifier: the final answer is one number, compared exactly or within tolerance.
+
+Payload ``{"answer": "1250" | 1250, "abs_tol": 0.0, "rel_tol": 0.0, "unit": "", "answer_at": "final"}``.
+The answer at ``answer_at`` (``rlvr.verifiers.answer``) must read as exactly one number:
+
+- integers, decimals, ``3/4``, ``\frac{3}{4}``, scientific ``1.2e3``, a sign (``-``, ``−``);
+- thousands separators in the usual shapes (``1,250``, ``1{,}250``, ``1,\!250``, ``1 250``);
+  a comma in any other shape (``1,25``) separates two numbers, which fails;
+- a leading currency sign (``$``, ``\$``, ``€``, ``£``) and a trailing period are dropped;
+- a trailing ``%`` (or ``\%``, ``percent``) is a unit: ``50%`` is the number 50. A gold of
+  ``50%`` is matched by ``50%`` and ``50``; ``0.5`` does not match it (a fraction is not the
+  percent), nor does ``50%`` match a gold of ``0.5``;
+- one trailing unit word (``12 cm``, ``8 apples``): when the payload names a ``unit``, a unit in
+  the answer must be it (case-insensitive, plural ``s`` allowed); without one, any single word.
+  Anything else around the number (``about 12``, ``12 or 13``, ``x = 12``, ``4 2``) fails.
+
+Equal means: exactly equal (as fractions) when both tolerances are 0, else
+``|answer - gold| <= max(abs_tol, rel_tol * |gold|)``. Reasons: ``ok``, ``no_answer``,
+``multiple_answers`` (from the extraction, or several numbers), ``not_a_number``, ``wrong_unit``,
+``mismatch``.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+from typing import Any
+
+from rlvr.types import Task, Verdict
+from rlvr.verifiers.answer import check_keys, format_instruction, locate_answer, place_answer
+from rlvr.verifiers.base import VERIFIERS, example_task
+
+PAYLOAD_KEYS = ("answer", "abs_tol", "rel_tol", "unit", "answer_at")
+MAX_CHARS = 100
+_SPACE = re.compile(r"\\[,;:! ]|~|\u202f|\u2009|\u00a0")
+_THOUSANDS = re.compile(r"\d{1,3}(?:(?:,|\{,\}|,\\!| )\d{3})+(?:\.\d+)?")
+_NUMBER = r"[-+−]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+_FORMS = [
+    re.compile(rf"(?P<a>{_NUMBER})\s*/\s*(?P<b>\d+)"),
+    re.compile(r"(?P<sign>[-+−]?)\\[dt]?frac\{(?P<a>\d+)\}\{(?P<b>\d+)\}"),
+    re.compile(rf"(?P<a>{_NUMBER})"),
+]
+_UNIT = re.compile(r"[A-Za-zµ°][A-Za-zµ°²³/.]{0,19}")
+_ANY_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+def parse_number(text: str) -> tuple[Fraction | None, str, str]:
+    """``(value, unit, reason)``: the one number in ``text`` and its unit word (``%`` for percent),
+    or ``(None, "", reason)`` with reason ``not_a_number`` or ``multiple_answers``."""
+    s = _SPACE.sub(" ", str(text).replace(",\\!", "{,}")).strip()
+    if len(s) > MAX_CHARS:
+        return None, "", "not_a_number"
+    s = s.replace("\\%", "%").rstrip(".").strip()
+    s = re.sub(r"^(?:\\\$|\$|€|£)\s*", "", s)
+    s = re.sub(r"^([-+−])\s*(?:\\\$|\$|€|£)\s*", r"\1", s)
+    m = _THOUSANDS.match(s.lstrip("-+−"))
+    if m:
+        sign = s[: len(s) - len(s.lstrip("-+−"))]
+        s = sign + re.sub(r",\\!|\{,\}|,| ", "", m.group(0)) + s.lstrip("-+−")[m.end():]
+    for form in _FORMS:
+        m = form.match(s)
+        if m:
+            break
+    else:
+        return None, "", ("multiple_answers" if len(_ANY_NUMBER.findall(s)) > 1 else "not_a_number")
+    try:
+        a = Fraction(m.group("a").replace("−", "-"))
+        value = a / Fraction(m.group("b")) if "b" in m.groupdict() and m.group("b") else a
+    except (ValueError, ZeroDivisionError):
+        return None, "", "not_a_number"
+    if m.groupdict().get("sign") in ("-", "−"):
+        value = -value
+    rest = s[m.end():].strip()
+    if not rest:
+        return value, "", "ok"
+    if rest in ("%", "percent"):
+        return value, "%", "ok"
+    if _UNIT.fullmatch(rest):
+        return value, rest.rstrip(".").lower(), "ok"
+    return None, "", ("multiple_answers" if _ANY_NUMBER.search(rest) else "not_a_number")
+
+
+def _same_unit(got: str, unit: str) -> bool:
+    got, unit = got.lower(), unit.lower()
+    return got in (unit, unit + "s", unit + "es") or (unit == "%" and got == "percent")
+
+
+class NumberVerifier:
+    """Spec kind ``number`` (see the module docstring)."""
+
+    name = "number"
+
+    def check(self, task: Task, completion: str) -> Verdict:
+        p = task.spec.payload
+        gold, gold_unit, _ = parse_number(str(p["answer"]))
+        unit = str(p.get("unit") or gold_unit)
+        extracted, status = locate_answer(completion, p.get("answer_at", "final"))
+        details: dict[str, Any] = {"extracted": extracted, "gold": str(p["answer"]), "format_ok": extracted is not None}
+        if extracted is None:
+            return Verdict(False, 0.0, status, details)
+        value, got_unit, reason = parse_number(extracted)
+        if value is None:
+            return Verdict(False, 0.0, reason, details)
+        details["value"] = float(value)
+        if got_unit and (unit and not _same_unit(got_unit, unit) or not unit and got_unit == "%"):
+            return Verdict(False, 0.0, "wrong_unit", {**details, "unit": got_unit})
+        tol = max(float(p.get("abs_tol", 0.0)), float(p.get("rel_tol", 0.0)) * abs(float(gold)))
+        passed = value == gold if tol == 0 else abs(float(value) - float(gold)) <= tol
+        return Verdict(passed, float(passed), "ok" if passed else "mismatch", details)
+
+    def validate_payload(self, payload: dict) -> None:
+        check_keys(payload, PAYLOAD_KEYS)
+        if "answer" not in payload:
+            raise ValueError("'answer' is missing")
+        value, _, reason = parse_number(str(payload["answer"]))
+        if value is None or isinstance(payload["answer"], bool):
+            raise ValueError(f"'answer' = {payload['answer']!r} is not one number")
+        for key in ("abs_tol", "rel_tol"):
+            x = payload.get(key, 0.0)
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 0:
+                raise ValueError(f"'{key}' must be a number >= 0")
+        if not isinstance(payload.get("unit", ""), str):
+            raise ValueError("'unit' must be a string")
+
+    def gold_completion(self, payload: dict) -> str:
+        return place_answer(str(payload["answer"]), payload.get("answer_at", "final"))
+
+    def instruction(self, payload: dict) -> str:
+        return format_instruction(payload.get("answer_at", "final")) + " The answer is a number."
+
+    def examples(self) -> list[tuple[Task, str]]:
+        rows = [("How many legs do 3 spiders have?", "24", {}), ("Half of 3?", "1.5", {"abs_tol": 0.01}),
+                ("What share of 8 is 2, in percent?", "25%", {}), ("Grams in 1.25 kg?", "1,250", {"unit": "g"}),
+                ("Speed of light in km/s, to the nearest km/s?", "299792", {"abs_tol": 0.5})]
+        return [(example_task("number", i, q, {"answer": a, **extra}), f"Some working.\nAnswer: {a}")
+                for i, (q, a, extra) in enumerate(rows)]
+
+
+VERIFIERS.register("number")(NumberVerifier())
