@@ -1,0 +1,224 @@
+"""Verifiers a user states without code: number, exact, regex, choice, json, and where the answer
+must be (answer_at). Each: the right answers pass, the near misses and stuffed answers fail,
+payload errors name the key, and every gold completion passes its own verifier."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlvr.types import Spec, Task
+from rlvr.verifiers import VERIFIERS
+from rlvr.verifiers.answer import ANSWER_AT, locate_answer, place_answer
+
+
+def task(kind: str, **payload) -> Task:
+    return Task(id=f"t/{kind}", domain="file", level=1, prompt=({"role": "user", "content": "q"},),
+                spec=Spec(kind, payload))
+
+
+def verdict(kind: str, completion: str, **payload):
+    return VERIFIERS.get(kind).check(task(kind, **payload), completion)
+
+
+# ---------------------------------------------------------------- answer_at
+
+
+@pytest.mark.parametrize("where, text, expected", [
+    ("final", "work\nAnswer: 7", ("7", "ok")),
+    ("final", "Answer: 7\nmore text", (None, "no_answer")),
+    ("final", "\\boxed{7} and \\boxed{8}", (None, "multiple_answers")),
+    ("boxed", "so \\boxed{7}.", ("7", "ok")),
+    ("boxed", "Answer: 7", (None, "no_answer")),
+    ("boxed", "\\boxed{7", (None, "no_answer")),
+    ("answer_line", "Answer: 7\nAnswer: 8", (None, "multiple_answers")),
+    ("answer_line", "x\nAnswer: 7\n\n", ("7", "ok")),
+    ("answer_line", "Answer:   \n", (None, "no_answer")),
+    ("last_line", "first\n  7  \n\n", ("7", "ok")),
+    ("last_line", " \n", (None, "no_answer")),
+    ("whole", "  7 ", ("7", "ok")),
+    ("whole", "", (None, "no_answer")),
+])
+def test_answer_at(where, text, expected):
+    assert locate_answer(text, where) == expected
+
+
+def test_place_answer_round_trips_and_unknown_places_are_refused():
+    for where in ANSWER_AT:
+        assert locate_answer(place_answer("1,250", where), where) == ("1,250", "ok")
+    with pytest.raises(ValueError, match="unknown answer_at 'end'"):
+        locate_answer("x", "end")
+    assert locate_answer("Answer: 1" + "x" * 200_000, "final") == (None, "no_answer")
+
+
+# ---------------------------------------------------------------- number
+
+
+@pytest.mark.parametrize("answer, gold, extra, passed, reason", [
+    ("1250", "1250", {}, True, "ok"),
+    ("1,250", "1250", {}, True, "ok"),
+    ("1{,}250", "1250", {}, True, "ok"),
+    ("1,\\!250", "1250", {}, True, "ok"),
+    ("$1,250.00", "1250", {}, True, "ok"),
+    ("-3/4", "-0.75", {}, True, "ok"),
+    ("\\frac{3}{4}", "0.75", {}, True, "ok"),
+    ("1.2e3", "1200", {}, True, "ok"),
+    ("1250 g", "1250", {"unit": "g"}, True, "ok"),
+    ("8 apples", "8", {}, True, "ok"),
+    ("1250 kg", "1250", {"unit": "g"}, False, "wrong_unit"),
+    ("50%", "50%", {}, True, "ok"),
+    ("50", "50%", {}, True, "ok"),
+    ("0.5", "50%", {}, False, "mismatch"),
+    ("50%", "0.5", {}, False, "wrong_unit"),
+    ("3.14", "3.14159", {"abs_tol": 0.01}, True, "ok"),
+    ("3.12", "3.14159", {"abs_tol": 0.01}, False, "mismatch"),
+    ("101", "100", {"rel_tol": 0.01}, True, "ok"),
+    ("102", "100", {"rel_tol": 0.01}, False, "mismatch"),
+    ("0.30000000000000004", "0.3", {}, False, "mismatch"),  # exact when no tolerance
+    ("12 or 13", "12", {}, False, "multiple_answers"),
+    ("12, 13", "12", {}, False, "multiple_answers"),
+    ("4 2", "42", {}, False, "multiple_answers"),
+    ("1,25", "125", {}, False, "multiple_answers"),
+    ("about 12", "12", {}, False, "not_a_number"),
+    ("x = 12", "12", {}, False, "not_a_number"),
+    ("twelve", "12", {}, False, "not_a_number"),
+    ("12" * 80, "12", {}, False, "not_a_number"),
+])
+def test_number(answer, gold, extra, passed, reason):
+    v = verdict("number", f"Working.\nAnswer: {answer}", answer=gold, **extra)
+    assert (v.passed, v.reason) == (passed, reason), v
+
+
+def test_number_needs_one_final_answer():
+    assert verdict("number", "It is 12, I think.", answer="12").reason == "no_answer"
+    assert verdict("number", "Answer: 12\nAnswer: 13", answer="12").reason == "multiple_answers"
+    assert verdict("number", "\\boxed{12} \\boxed{12}", answer="12").reason == "multiple_answers"
+    assert verdict("number", "12", answer="12", answer_at="whole").passed
+    assert not verdict("number", "The answer is 12", answer="12", answer_at="whole").passed
+
+
+# ---------------------------------------------------------------- exact / regex
+
+
+def test_exact_applies_only_the_declared_normalisation():
+    assert verdict("exact", "Answer: Paris", answer="Paris").passed
+    assert not verdict("exact", "Answer: paris", answer="Paris").passed
+    assert verdict("exact", "Answer: paris", answer="Paris", normalize=["case"]).passed
+    assert not verdict("exact", "Answer: Paris.", answer="Paris", normalize=["case"]).passed
+    assert verdict("exact", "Answer: 'Paris.'", answer="Paris", normalize=["punctuation"]).passed
+    assert verdict("exact", "Answer: New   York", answer="new york", normalize=["whitespace", "case"]).passed
+    assert verdict("exact", "Answer: $\\text{Au}$", answer="Au", normalize=["latex"]).passed
+    assert verdict("exact", "Answer: down", answer=["up", "down"]).passed
+    assert not verdict("exact", "Answer: Paris, London", answer="Paris").passed  # gold inside a longer answer
+    assert not verdict("exact", "Paris is the answer.", answer="Paris").passed  # gold in the reasoning only
+    assert verdict("exact", "Answer: " + "a" * 3000, answer="a").reason == "too_long"
+
+
+def test_regex_matches_the_whole_answer():
+    assert verdict("regex", "Answer: 90210", pattern=r"\d{5}").passed
+    assert not verdict("regex", "Answer: 902101", pattern=r"\d{5}").passed  # search would match
+    assert not verdict("regex", "Answer: zip 90210", pattern=r"\d{5}").passed
+    assert verdict("regex", "Answer: YES", pattern="yes|no", flags=["ignorecase"]).passed
+    assert not verdict("regex", "Answer: yes no", pattern="yes|no", flags=["ignorecase"]).passed
+    # a backtracking pattern never sees long model output
+    assert verdict("regex", "Answer: " + "a" * 5000 + "!", pattern=r"(a+)+$").reason == "too_long"
+
+
+# ---------------------------------------------------------------- choice
+
+CHOICES = ["Mars", "Jupiter", "Venus"]
+
+
+@pytest.mark.parametrize("answer, passed", [
+    ("B", True), ("(B)", True), ("B.", True), ("B)", True), ("[B]", True), ("b", True), ("Jupiter", True),
+    ("jupiter.", True), ("B. Jupiter", True), ("(B) Jupiter", True),
+    ("A", False), ("B, C", False), ("B or C", False), ("B. Mars", False), ("D", False), ("Jupiter or Mars", False),
+    ("The answer is B", False), ("BC", False),
+])
+def test_choice(answer, passed):
+    v = verdict("choice", f"Thinking.\nAnswer: {answer}", answer="B", choices=CHOICES)
+    assert v.passed is passed, (answer, v)
+
+
+def test_choice_gold_may_be_the_option_text():
+    assert verdict("choice", "Answer: B", answer="Jupiter", choices=CHOICES).passed
+    assert not verdict("choice", "Answer: A", answer="Jupiter", choices=CHOICES).passed
+
+
+# ---------------------------------------------------------------- json
+
+PERSON = {"type": "object", "required": ["name", "age"], "additionalProperties": False,
+          "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}}}
+
+
+@pytest.mark.parametrize("completion, extra, reason", [
+    ('{"name": "Ada", "age": 36}', {}, "ok"),
+    ('```json\n{"name": "Ada", "age": 36}\n```', {}, "ok"),
+    ('{"name": "Ada", "age": 36}', {"answer": {"age": 36}}, "ok"),
+    ('{"name": "Ada", "age": 37}', {"answer": {"age": 36}}, "mismatch"),
+    ('{"name": "Ada", "age": 36.0}', {"answer": {"age": 36}}, "mismatch"),  # JSON Schema counts 36.0 as an integer; the value must be 36
+    ('{"name": "Ada", "age": "36"}', {}, "schema_violation"),
+    ('{"name": "Ada", "age": 36, "extra": 1}', {}, "schema_violation"),
+    ('{"name": "Ada", "age": -1}', {}, "schema_violation"),
+    ('{"name": "Ada", "age": 36} {"name": "Bob", "age": 7}', {}, "invalid_json"),
+    ('Here you go: {"name": "Ada", "age": 36}', {}, "invalid_json"),
+    ('{"name": "Ada", "age": NaN}', {}, "invalid_json"),
+    ('{"name": "Ada", "age": 36', {}, "invalid_json"),
+    ("", {}, "no_answer"),
+])
+def test_json(completion, extra, reason):
+    v = verdict("json", completion, schema=PERSON, **extra)
+    assert v.reason == reason and v.passed is (reason == "ok"), v
+
+
+def test_json_deeply_nested_input_fails_closed():
+    assert verdict("json", "[" * 50_000 + "]" * 50_000, schema={"type": "array"}).reason in ("invalid_json", "too_long")
+
+
+# ---------------------------------------------------------------- payloads and golds
+
+
+@pytest.mark.parametrize("kind, payload, needle", [
+    ("number", {}, "'answer' is missing"),
+    ("number", {"answer": "twelve"}, "is not one number"),
+    ("number", {"answer": "12", "abs_tol": -1}, "'abs_tol' must be a number >= 0"),
+    ("number", {"answer": "12", "tolerance": 1}, "unknown key 'tolerance'"),
+    ("number", {"answer": "12", "answer_at": "end"}, "'answer_at'"),
+    ("exact", {"answer": ""}, "'answer' must be a non-empty string"),
+    ("exact", {"answer": "x", "normalize": ["lower"]}, "'normalize' must be a list of"),
+    ("regex", {"pattern": "(unclosed"}, "'pattern' does not compile"),
+    ("regex", {"pattern": "x", "flags": ["global"]}, "'flags' must be a list of"),
+    ("choice", {"answer": "E", "choices": CHOICES}, "not among the 3 choices"),
+    ("choice", {"answer": "Saturn", "choices": CHOICES}, "neither a letter nor the text"),
+    ("choice", {"answer": "A", "choices": ["x", "X"]}, "repeats an option"),
+    ("json", {"schema": {"type": "objekt"}}, "not a valid JSON Schema"),
+    ("json", {}, "'schema' is missing"),
+    ("math", {"answer": "1", "tolerance": "a"}, "'tolerance' must be a number"),
+])
+def test_payload_errors_name_the_key(kind, payload, needle):
+    with pytest.raises(ValueError, match=needle):
+        VERIFIERS.get(kind).validate_payload(payload)
+
+
+@pytest.mark.parametrize("where", ANSWER_AT)
+@pytest.mark.parametrize("kind, payload", [
+    ("math", {"answer": "\\frac{1}{2}"}), ("number", {"answer": "1,250", "unit": "g"}),
+    ("exact", {"answer": ["Paris", "paris"], "normalize": ["case"]}), ("regex", {"pattern": r"\d+", "example": "12"}),
+    ("choice", {"answer": "Venus", "choices": CHOICES}),
+    ("json", {"schema": PERSON, "example": {"name": "Ada", "age": 1}}),
+])
+def test_every_gold_completion_passes_its_own_verifier(kind, payload, where):
+    payload = {**payload, "answer_at": where}
+    if kind == "json" and where in ("final", "answer_line"):
+        payload["answer_at"] = "whole"  # a JSON object on an Answer: line is allowed, but the default is whole
+    v = VERIFIERS.get(kind)
+    v.validate_payload(payload)
+    gold = v.gold_completion(payload)
+    assert v.check(task(kind, **payload), gold).passed, (kind, where, gold)
+    assert isinstance(v.instruction(payload), str) and v.instruction(payload)
+
+
+def test_json_instruction_carries_the_schema():
+    assert json.dumps(PERSON) in VERIFIERS.get("json").instruction({"schema": PERSON})
+    assert "B. Jupiter" in VERIFIERS.get("choice").instruction({"answer": "B", "choices": CHOICES})
