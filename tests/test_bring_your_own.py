@@ -39,24 +39,24 @@ def test_train_on_a_csv_then_eval_on_the_held_out_file(tiny_model_dir, tmp_path,
     train = write_csv(tmp_path / "train.csv", qa_rows(1, 12))
     held_out = write_csv(tmp_path / "eval.csv", qa_rows(40, 6))
     run = tmp_path / "run"
-    files = ["--map", "prompt=question", "--verifier", "math"]
+    files = ["--map", "prompt=question", "--verifier", "number"]
     assert main(["train", "--model", tiny_model_dir, "--tasks", train, *files, "--out", str(run), *FAST]) == 0
     assert (run / "final" / "model.safetensors").is_file() and (run / "checkpoints" / "step_2").is_dir()
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert len(steps) == 2 and all("rollout/pass_rate/file.math" in s for s in steps)
+    assert len(steps) == 2 and all("rollout/pass_rate/file.number" in s for s in steps)
     resolved = (run / "config.yaml").read_text()
-    assert "domains: []" in resolved and "verifier: math" in resolved  # the user's file alone
+    assert "domains: []" in resolved and "verifier: number" in resolved  # the user's file alone
     capsys.readouterr()
 
     out = tmp_path / "eval.json"
     assert main(["eval", "--model", str(run / "final"), "--tasks", held_out, *files, "--out", str(out),
                  "--set", "max_new_tokens=6"]) == 0
     printed = capsys.readouterr().out
-    assert "file.math" in printed and "all" in printed
+    assert "file.number" in printed and "all" in printed
     report = json.loads(out.read_text())
-    assert report["overall"]["n_tasks"] == 6 and set(report["by_domain"]) == {"file.math"}
-    assert set(report["by_domain"]["file.math"]["by_level"]) == {"1", "2"}
-    assert len(report["tasks"]) == 6 and report["tasks"][0]["task"]["spec"]["kind"] == "math"
+    assert report["overall"]["n_tasks"] == 6 and set(report["by_domain"]) == {"file.number"}
+    assert set(report["by_domain"]["file.number"]["by_level"]) == {"1", "2"}
+    assert len(report["tasks"]) == 6 and report["tasks"][0]["task"]["spec"]["kind"] == "number"
 
 
 def test_eval_reports_by_tag_and_failures_feed_the_next_round(tiny_model_dir, tmp_path, capsys):
@@ -64,7 +64,7 @@ def test_eval_reports_by_tag_and_failures_feed_the_next_round(tiny_model_dir, tm
     path = write_csv(tmp_path / "eval.csv", rows)
     out = tmp_path / "eval.json"
     assert main(["eval", "--model", tiny_model_dir, "--tasks", path, "--map", "prompt=question", "--verifier",
-                 "math", "--out", str(out), "--set", "max_new_tokens=4"]) == 0
+                 "number", "--out", str(out), "--set", "max_new_tokens=4"]) == 0
     report = json.loads(out.read_text())
     assert set(report["by_tag"]) == {"apples", "shopping"}
     assert sum(s["n_tasks"] for s in report["by_tag"].values()) == 6
@@ -84,7 +84,7 @@ def test_training_refuses_items_of_its_eval_file(tiny_model_dir, tmp_path, capsy
     train = write_csv(tmp_path / "train.csv", rows)
     held_out = write_csv(tmp_path / "eval.csv", rows[4:])
     args = ["train", "--model", tiny_model_dir, "--tasks", train, "--eval-tasks", held_out, "--map",
-            "prompt=question", "--verifier", "math", "--out", str(tmp_path / "run"), *FAST]
+            "prompt=question", "--verifier", "number", "--out", str(tmp_path / "run"), *FAST]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "2 training task(s) are also eval tasks" in err and "allow_eval_tasks=true" in err
@@ -107,7 +107,7 @@ def test_sft_on_the_users_conversations_and_reference_column(tiny_model_dir, tmp
             for i in range(6)]
     tasks = write_csv(tmp_path / "t.csv", rows)
     assert main(["sft", "--model", tiny_model_dir, "--tasks", tasks, "--map", "prompt=question,reference=worked",
-                 "--verifier", "math", "--out", str(tmp_path / "sft2"), *sft]) == 0
+                 "--verifier", "number", "--out", str(tmp_path / "sft2"), *sft]) == 0
 
 
 @pytest.mark.parametrize("rows, needle", [
