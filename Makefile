@@ -7,7 +7,7 @@ SYSTEM_PACKAGES := bubblewrap libseccomp2
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow test-all bench bench-trl bench-gpu check-sandbox clean
+.PHONY: setup demo test test-slow test-all test-compat bench bench-trl bench-gpu check-sandbox clean
 
 setup: $(VENV)/.installed
 
@@ -44,6 +44,21 @@ bench: setup
 	$(PY) benchmarks/rollout_throughput.py --json runs/bench/rollout_throughput.json
 	$(PY) benchmarks/async_vs_sync.py --json runs/bench/async_vs_sync.json
 
+# Model loading on the lowest transformers pyproject.toml allows (the newest is what `make test` gets),
+# in its own venv (.venv-compat).
+COMPAT_VENV         ?= .venv-compat
+COMPAT_TRANSFORMERS ?= transformers==4.45.2
+
+$(COMPAT_VENV)/.installed: pyproject.toml Makefile
+	test -x $(COMPAT_VENV)/bin/python || python3 -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install -q --upgrade pip
+	$(COMPAT_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)" "$(COMPAT_TRANSFORMERS)"
+	$(COMPAT_VENV)/bin/python -m pip install -q -e ".[dev]" "$(COMPAT_TRANSFORMERS)"
+	touch $@
+
+test-compat: $(COMPAT_VENV)/.installed
+	OMP_NUM_THREADS=1 $(COMPAT_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_model_load.py
+
 # GRPO step vs TRL's GRPOTrainer. TRL lives in its own venv (.venv-trl), never in rlvr's dependencies.
 TRL_VENV   ?= .venv-trl
 TRL_SPEC   ?= trl==1.16.0
@@ -71,4 +86,4 @@ check-sandbox: setup
 	$(VENV)/bin/rlvr sandbox check
 
 clean:
-	rm -rf $(VENV) $(TRL_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(TRL_VENV) $(COMPAT_VENV) runs .pytest_cache

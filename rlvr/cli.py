@@ -25,6 +25,9 @@ def _task_args(p: argparse.ArgumentParser, *, eval_files: bool = False, conversa
     """The flags that bring the user's model and task files (docs/tasks.md)."""
     g = p.add_argument_group("your model and tasks")
     g.add_argument("--model", help="Hugging Face causal-LM directory (same as --set model=DIR)")
+    g.add_argument("--dtype", help="weights' dtype: auto (as stored) | float32 | bfloat16 | float16")
+    g.add_argument("--trust-remote-code", action="store_true", help="run the model directory's own code (auto_map)")
+    g.add_argument("--chat-template", metavar="FILE", help="Jinja chat template for a tokenizer that has none")
     g.add_argument("--tasks", action="append", default=[], metavar="FILE",
                    help="task file: JSONL, CSV, Parquet or a datasets directory (repeatable); "
                         "without --domains the built-in domains are left out")
@@ -77,6 +80,11 @@ def _apply_task_args(data: dict, args, *, eval_section: str | None = None) -> di
     """Put the task flags into a config dict (recipe + --set already applied)."""
     if getattr(args, "model", None):
         data["model"] = args.model
+    load = {k: v for k, v in (("dtype", args.dtype), ("chat_template", args.chat_template)) if v}
+    if args.trust_remote_code:
+        load["trust_remote_code"] = True
+    if load:
+        data["model_load"] = {**data.get("model_load", {}), **load}
     sources = list(args.tasks) + list(getattr(args, "conversations", []))
     if args.tasks:
         data["task_files"] = list(data.get("task_files", [])) + _file_entries(args.tasks, args)
@@ -150,7 +158,8 @@ def cmd_eval(args) -> None:
     if not model_dir:
         raise UserError("rlvr eval needs --model DIR (a Hugging Face causal-LM directory)")
     cfg = from_dict(EvalConfig, data)
-    model, tokenizer = load_model_and_tokenizer(model_dir, device=resolve_device("eval.device", cfg.device))
+    model, tokenizer = load_model_and_tokenizer(model_dir, device=resolve_device("eval.device", cfg.device),
+                                                options=cfg.model_load)
     tasks = build_task_set(cfg.domains, "eval", cfg.tasks, seed=cfg.seed, levels=cfg.levels, files=cfg.task_files)
     if needs_sandbox(cfg.domains, tasks):
         from rlvr.sandbox.config import shared_sandbox

@@ -14,6 +14,7 @@ import torch
 from rlvr.algos.passk import pass_at_k, wilson_interval, confidence_interval
 from rlvr.config import check_choice, check_device, check_range
 from rlvr.envs.base import EnvConfig
+from rlvr.model.load import ModelLoadConfig
 from rlvr.rollout.engine import PRECISIONS, SamplingParams
 from rlvr.rollout.episodes import EnvPool, run_tasks
 from rlvr.tasks.rows import TaskFileConfig, as_file_config
@@ -52,6 +53,8 @@ class EvalConfig:
     faster on a CPU with bf16 GEMMs, at bf16 rounding of the logits, so a greedy answer can differ)."""
     env: EnvConfig = field(default_factory=EnvConfig)
     """Budgets of multi-turn episodes (the same as in training, for a fair comparison)."""
+    model_load: ModelLoadConfig = field(default_factory=ModelLoadConfig)
+    """How ``rlvr eval`` loads the model directory: dtype, trust_remote_code, chat_template."""
 
     def __post_init__(self) -> None:
         check_range("eval.tasks", self.tasks, 1)

@@ -1,9 +1,18 @@
 """Load a causal LM and its tokenizer from a local Hugging Face directory.
 
 What it does: checks the directory first and turns the usual mistakes (wrong path, a checkpoint
-folder without ``config.json``, a hub id while offline, a tokenizer without a chat template) into
-one-line ``UserError``s that say what to do. Loading itself is plain ``AutoModelForCausalLM`` /
-``AutoTokenizer.from_pretrained`` with ``local_files_only=True``: rlvr never downloads.
+folder without ``config.json``, a hub id while offline, a tokenizer without a chat template, a
+model that needs remote code) into one-line ``UserError``s that say what to do. Loading itself is
+plain ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained`` with ``local_files_only=True``:
+rlvr never downloads.
+
+``ModelLoadConfig`` (config key ``model_load`` of the stages; CLI ``--dtype``,
+``--trust-remote-code``, ``--chat-template``): the weights' dtype (``auto``: as stored in
+``config.json``, float32 when it says nothing), ``trust_remote_code`` (an explicit opt-in; a
+directory whose ``config.json`` has an ``auto_map`` is refused without it), and a chat template
+for a tokenizer that has none (a Jinja file or the template text). The dtype goes to
+``from_pretrained`` as ``dtype=`` on transformers >= 4.56 and ``torch_dtype=`` before
+(``dtype_kwarg``), so the whole range in ``pyproject.toml`` loads the same way.
 
 Fallback: a tokenizer without a pad token gets its EOS token as pad (padding is always masked, so
 the choice of id does not matter).
@@ -14,12 +23,68 @@ trainer state (``rlvr/model/checkpoint.py``).
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from rlvr.config import check_choice
 from rlvr.errors import UserError
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+CHAT_TEMPLATE_OPTION = "pass --chat-template FILE (config key model_load.chat_template)"
+
+
+@dataclass
+class ModelLoadConfig:
+    dtype: str = "auto"
+    """auto (the dtype stored in config.json, float32 if none) | float32 | bfloat16 | float16 (or fp32, bf16, fp16)."""
+    trust_remote_code: bool = False
+    """Run the model directory's own Python code (config.json auto_map); off unless you opt in."""
+    chat_template: str = ""
+    """A Jinja chat template (a file path or the template text) for a tokenizer that has none."""
+
+    def __post_init__(self) -> None:
+        check_choice("model_load.dtype", self.dtype, ["auto", *DTYPES])
+
+
+def dtype_kwarg(version: str = transformers.__version__) -> str:
+    """The name ``from_pretrained`` takes the dtype under: ``dtype`` from transformers 4.56 on
+    (``torch_dtype`` deprecated there), ``torch_dtype`` before."""
+    major, minor = (int("".join(ch for ch in part if ch.isdigit()) or 0) for part in version.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
+def _stored_dtype(p: Path) -> torch.dtype:
+    try:
+        config = json.loads((p / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"model directory '{p}': config.json is not readable JSON: {e}") from None
+    name = config.get("dtype") or config.get("torch_dtype") or "float32"
+    return DTYPES.get(str(name).replace("torch.", ""), torch.float32)
+
+
+def resolve_dtype(p: Path, options: ModelLoadConfig | None, dtype: torch.dtype | None) -> torch.dtype:
+    if dtype is not None:
+        return dtype
+    name = options.dtype if options is not None else "float32"
+    return _stored_dtype(p) if name == "auto" else DTYPES[name]
+
+
+def _check_remote_code(p: Path, options: ModelLoadConfig | None) -> bool:
+    trust = bool(options and options.trust_remote_code)
+    try:
+        needs = "auto_map" in json.loads((p / "config.json").read_text())
+    except (OSError, ValueError):
+        needs = False
+    if needs and not trust:
+        raise UserError(f"model directory '{p}' needs its own Python code (config.json has auto_map); if you "
+                        "trust it, pass --trust-remote-code (config key model_load.trust_remote_code)")
+    return trust
 
 _FIX = "run `rlvr pretrain` to build the default model, or pass a Hugging Face causal-LM directory"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -36,17 +101,25 @@ def _check_model_dir(path: str | Path) -> Path:
     return p
 
 
-def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> PreTrainedModel:
-    """Load a causal LM from a local directory, in ``dtype`` on ``device``, in eval mode."""
+def load_model(path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+               options: ModelLoadConfig | None = None) -> PreTrainedModel:
+    """Load a causal LM from a local directory on ``device``, in eval mode, in ``dtype`` if given,
+    else as ``options.dtype`` says (default without options: float32)."""
     p = _check_model_dir(path)
+    trust = _check_remote_code(p, options)
+    kwargs = {dtype_kwarg(): resolve_dtype(p, options, dtype), "local_files_only": True}
+    if trust:
+        kwargs["trust_remote_code"] = True
     try:
-        model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype, local_files_only=True)
-    except (OSError, ValueError) as e:  # missing/corrupt weights, unknown architecture
-        raise UserError(f"could not load a causal LM from '{p}': {e}") from e
+        model = AutoModelForCausalLM.from_pretrained(p, **kwargs)
+    except Exception as e:  # missing/corrupt weights (safetensors' own errors too), unknown architecture
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"could not load a causal LM from '{p}': {first[:300]}") from e
     return model.to(device).eval()
 
 
-def load_tokenizer(path: str | Path, *, require_chat_template: bool = True) -> PreTrainedTokenizerBase:
+def load_tokenizer(path: str | Path, *, require_chat_template: bool = True,
+                   options: ModelLoadConfig | None = None) -> PreTrainedTokenizerBase:
     """Load the tokenizer saved in a local model directory.
 
     Raises ``UserError`` when there is none, when it has no EOS token, or (unless
@@ -57,25 +130,38 @@ def load_tokenizer(path: str | Path, *, require_chat_template: bool = True) -> P
         raise UserError(f"model directory '{p}' does not exist; {_FIX}")
     if not any((p / f).is_file() for f in _TOKENIZER_FILES):
         raise UserError(f"model directory '{p}' has no tokenizer files ({', '.join(_TOKENIZER_FILES)}); save the tokenizer next to the model")
+    trust = bool(options and options.trust_remote_code)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True, **({"trust_remote_code": True} if trust else {}))
     except (OSError, ValueError) as e:
         raise UserError(f"could not load the tokenizer from '{p}': {e}") from e
     if tokenizer.eos_token_id is None:
         raise UserError(f"the tokenizer in '{p}' has no eos token; set `eos_token` in its tokenizer_config.json")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if options is not None and options.chat_template:
+        tokenizer.chat_template = _template_text(options.chat_template)
     if require_chat_template and not tokenizer.chat_template:
-        raise UserError(
-            f"the tokenizer in '{p}' has no chat template; use an instruct/chat model, or add a "
-            "`chat_template` (e.g. a chat_template.jinja file) to the directory"
-        )
+        raise UserError(f"the tokenizer in '{p}' has no chat template; {CHAT_TEMPLATE_OPTION}, or use "
+                        "an instruct/chat model")
     return tokenizer
 
 
+def _template_text(value: str) -> str:
+    """A chat template given as a file path or as the template text itself."""
+    if "{" not in value:  # a Jinja template always has a tag or an expression; a path has none
+        path = Path(value)
+        if not path.is_file():
+            raise UserError(f"model_load.chat_template: no file {path}")
+        return path.read_text(encoding="utf-8")
+    return value
+
+
 def load_model_and_tokenizer(
-    path: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+    options: ModelLoadConfig | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """``load_model`` and ``load_tokenizer`` from the same directory."""
-    model = load_model(path, dtype=dtype, device=device)
-    return model, load_tokenizer(path)
+    """``load_model`` and ``load_tokenizer`` from the same directory (the tokenizer first: a
+    missing tokenizer or chat template is found before the weights are read)."""
+    tokenizer = load_tokenizer(path, options=options)
+    return load_model(path, dtype=dtype, device=device, options=options), tokenizer

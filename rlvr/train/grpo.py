@@ -48,7 +48,7 @@ from rlvr.model.checkpoint import (
     save_checkpoint,
     save_model_dir,
 )
-from rlvr.model.load import load_model_and_tokenizer
+from rlvr.model.load import ModelLoadConfig, load_model_and_tokenizer
 from rlvr.monitor.metrics import MetricsLogger
 from rlvr.rewards import RewardConfig, score_all
 from rlvr.envs.base import EnvConfig
@@ -163,6 +163,8 @@ class AlgoConfig:
 class GRPOConfig:
     model: str = "runs/sft/final"
     """Hugging Face causal-LM directory to start from."""
+    model_load: ModelLoadConfig = field(default_factory=ModelLoadConfig)
+    """How the model directory is loaded: dtype, trust_remote_code, chat_template."""
     out: str = "runs/grpo"
     """Run directory (config, metrics, checkpoints, final model)."""
     seed: int = 0
@@ -298,10 +300,10 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     run_dir = prepare_run_dir(cfg.out, cfg)
     ckpt = latest_checkpoint(run_dir) if resume else None
     device = resolve_device("device", cfg.device)
-    model, tokenizer = load_model_and_tokenizer(str(ckpt) if ckpt else cfg.model, device=device)
+    model, tokenizer = load_model_and_tokenizer(str(ckpt) if ckpt else cfg.model, device=device, options=cfg.model_load)
     ref_model = None
     if cfg.algo.kl_coef > 0:
-        ref_model, _ = load_model_and_tokenizer(cfg.model, device=device)
+        ref_model, _ = load_model_and_tokenizer(cfg.model, device=device, options=cfg.model_load)
         ref_model.eval().requires_grad_(False)
     user_tasks = file_tasks(cfg.task_files, check=False)
     # The process-wide sandbox (the code verifier runs there), opened with this run's config.

@@ -26,7 +26,7 @@ from rich.progress import Progress
 from rlvr.algos.losses import sft_loss
 from rlvr.config import check_device, check_range, resolve_device
 from rlvr.model.checkpoint import save_model_dir
-from rlvr.model.load import load_model_and_tokenizer
+from rlvr.model.load import ModelLoadConfig, load_model_and_tokenizer
 from rlvr.model.tokenizer import encode_chat_prompt, encode_completion
 from rlvr.monitor.metrics import MetricsLogger
 from rlvr.errors import ConfigError, UserError
@@ -47,6 +47,8 @@ from rlvr.types import Task
 class SFTConfig:
     model: str = "runs/pretrain/final"
     """Hugging Face causal-LM directory to start from."""
+    model_load: ModelLoadConfig = field(default_factory=ModelLoadConfig)
+    """How the model directory is loaded: dtype, trust_remote_code, chat_template."""
     out: str = "runs/sft"
     """Run directory; the model lands in <out>/final."""
     seed: int = 0
@@ -141,7 +143,7 @@ def run_sft(cfg: SFTConfig, *, progress: bool = True) -> dict:
     run_dir = prepare_run_dir(cfg.out, cfg)
     start = time.perf_counter()
     device = resolve_device("sft.device", cfg.device)
-    model, tokenizer = load_model_and_tokenizer(cfg.model, device=device)
+    model, tokenizer = load_model_and_tokenizer(cfg.model, device=device, options=cfg.model_load)
     model.train()
     tasks = build_task_set(cfg.domains, "train", cfg.train_tasks, seed=cfg.seed, levels=cfg.levels)
     tasks += demonstration_tasks(cfg.task_files)
