@@ -139,7 +139,12 @@ def cmd_train(args) -> None:
     from rlvr.train.grpo import GRPOConfig, run_grpo
 
     cfg = _load(GRPOConfig, args, eval_section="eval")
-    print(json.dumps(run_grpo(cfg, resume=args.resume), indent=2))
+    result = run_grpo(cfg, resume=args.resume)
+    print(json.dumps(result, indent=2))
+    if "eval_report" in result:
+        from rlvr.eval.table import print_eval
+
+        print_eval(json.loads(Path(result["eval_report"]).read_text()))
     print(f"model: {cfg.out}/final")
 
 

@@ -40,7 +40,10 @@ def test_train_on_a_csv_then_eval_on_the_held_out_file(tiny_model_dir, tmp_path,
     held_out = write_csv(tmp_path / "eval.csv", qa_rows(40, 6))
     run = tmp_path / "run"
     files = ["--map", "prompt=question", "--verifier", "number"]
-    assert main(["train", "--model", tiny_model_dir, "--tasks", train, *files, "--out", str(run), *FAST]) == 0
+    assert main(["train", "--model", tiny_model_dir, "--tasks", train, "--eval-tasks", held_out, *files,
+                 "--out", str(run), *FAST, "--set", "eval.max_new_tokens=6"]) == 0
+    final_eval = json.loads((run / "eval" / "final.json").read_text())  # --eval-tasks: the final model's report
+    assert final_eval["overall"]["n_tasks"] == 6 and "file.number" in capsys.readouterr().out
     assert (run / "final" / "model.safetensors").is_file() and (run / "checkpoints" / "step_2").is_dir()
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(steps) == 2 and all("rollout/pass_rate/file.number" in s for s in steps)

@@ -204,7 +204,8 @@ class GRPOConfig:
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(tasks=100))
     """Periodic eval suite (eval split)."""
     eval_every: int = 0
-    """Evaluate every this many steps (0 = never during training)."""
+    """Evaluate every this many steps (0 = never during training), writing eval/step_N.json; with
+    ``eval.task_files`` (``--eval-tasks``) the final model is also evaluated (eval/final.json)."""
     checkpoint_every: int = 25
     """Write a resumable checkpoint every this many steps (and at the end)."""
     keep_checkpoints: int = 2
@@ -252,7 +253,7 @@ def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) ->
                            **mismatch_metric(run, batch, train_metrics, cfg), **source.metrics(batch, step - 1)}
                 if cfg.eval_every and step % cfg.eval_every == 0:
                     with timer("eval"):
-                        metrics.update(periodic_eval(run, cfg))
+                        metrics.update(periodic_eval(run, cfg, step))
                 run.step = step
                 run.logger.log(step, {**metrics, **timer.pop()})
                 if step % cfg.save_trajectories_every == 0:
@@ -266,7 +267,11 @@ def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) ->
     if run.envs is not None:
         run.envs.close()
     save_model_dir(run.dir / "final", run.model, run.tokenizer)
-    return {"steps": cfg.steps, "seconds": time.perf_counter() - run.started}
+    out = {"steps": cfg.steps, "seconds": time.perf_counter() - run.started}
+    if cfg.eval.task_files:  # the user's held-out file: the final model's report
+        report = eval_report(run, cfg, run.dir / "eval" / "final.json")
+        out.update({"eval/pass@1": report["overall"]["pass@1"], "eval_report": str(run.dir / "eval" / "final.json")})
+    return out
 
 
 # --------------------------------------------------------------------------- phases
@@ -557,8 +562,16 @@ def rollout_metrics(scored: list[Scored], kept: list[Scored]) -> dict:
     return out
 
 
-def periodic_eval(run: Run, cfg: GRPOConfig) -> dict:
-    report = evaluate(run.model, run.tokenizer, run.eval_tasks, cfg.eval, seed=cfg.seed)
+def eval_report(run: Run, cfg: GRPOConfig, path: Path) -> dict:
+    """The eval suite on the current policy, written as JSON to ``path`` (``rlvr eval``'s format)."""
+    report = {"model": str(run.dir), **evaluate(run.model, run.tokenizer, run.eval_tasks, cfg.eval, seed=cfg.seed)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    return report
+
+
+def periodic_eval(run: Run, cfg: GRPOConfig, step: int) -> dict:
+    report = eval_report(run, cfg, run.dir / "eval" / f"step_{step}.json")
     out = {"eval/pass@1": report["overall"]["pass@1"]}
     for domain, stats in report["by_domain"].items():
         out[f"eval/pass@1/{domain}"] = stats["pass@1"]
