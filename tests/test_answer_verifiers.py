@@ -49,7 +49,8 @@ def test_place_answer_round_trips_and_unknown_places_are_refused():
         assert locate_answer(place_answer("1,250", where), where) == ("1,250", "ok")
     with pytest.raises(ValueError, match="unknown answer_at 'end'"):
         locate_answer("x", "end")
-    assert locate_answer("Answer: 1" + "x" * 200_000, "final") == (None, "no_answer")
+    assert locate_answer("x\n" * 100_000 + "Answer: 1", "final") == ("1", "ok")  # a long trace is fine
+    assert locate_answer("Answer: 1" + "x" * 2_000_000, "final") == (None, "no_answer")
 
 
 # ---------------------------------------------------------------- number
@@ -84,10 +85,44 @@ def test_place_answer_round_trips_and_unknown_places_are_refused():
     ("x = 12", "12", {}, False, "not_a_number"),
     ("twelve", "12", {}, False, "not_a_number"),
     ("12" * 80, "12", {}, False, "not_a_number"),
+    ("$42$", "42", {}, True, "ok"),  # LaTeX math delimiters
+    ("\\(42\\)", "42", {}, True, "ok"),
+    ("12\\text{ cm}", "12", {"unit": "cm"}, True, "ok"),
+    ("$5", "5", {}, True, "ok"),
+    ("$5 and $6$", "5", {}, False, "multiple_answers"),
+    ("50%", "50", {}, False, "wrong_unit"),  # a percent is not the plain number
+    ("50 percent", "50", {"unit": "%"}, True, "ok"),
+    # a word that changes the value or hedges is not a unit
+    ("12 million", "12", {}, False, "not_a_number"),
+    ("12 thousands", "12", {}, False, "not_a_number"),
+    ("12k", "12", {}, False, "not_a_number"),
+    ("12M", "12", {}, False, "not_a_number"),
+    ("12 squared", "12", {}, False, "not_a_number"),
+    ("12 or", "12", {}, False, "not_a_number"),
+    ("12 m", "12", {}, True, "ok"),  # metres
+    ("12M", "12", {"unit": "M"}, True, "ok"),  # a declared unit is that unit
+    ("12k", "12", {"unit": "g"}, False, "wrong_unit"),
+    # exact arithmetic: tolerances as written, huge values neither overflow nor hang
+    ("1.01", "1", {"abs_tol": 0.01}, True, "ok"),  # float subtraction would say 0.010000000000000009
+    ("1.3", "1", {"abs_tol": 0.3}, True, "ok"),
+    ("1e400", "1", {"abs_tol": 0.5}, False, "mismatch"),
+    ("1e400", "1e400", {}, True, "ok"),
+    ("1e9999999", "1", {}, False, "not_a_number"),
+    ("1e-9999999", "0", {"abs_tol": 0.1}, False, "not_a_number"),
+    ("3/0", "3", {}, False, "not_a_number"),
 ])
 def test_number(answer, gold, extra, passed, reason):
     v = verdict("number", f"Working.\nAnswer: {answer}", answer=gold, **extra)
     assert (v.passed, v.reason) == (passed, reason), v
+
+
+def test_number_huge_exponents_fail_fast():
+    import time
+
+    start = time.perf_counter()
+    for answer in ("1e9999999", "9" * 99, "-1e-99999999", "1" * 60 + "/" + "3" * 39):
+        verdict("number", f"Answer: {answer}", answer="1", rel_tol=0.5)
+    assert time.perf_counter() - start < 1.0
 
 
 def test_number_needs_one_final_answer():
@@ -113,6 +148,11 @@ def test_exact_applies_only_the_declared_normalisation():
     assert not verdict("exact", "Answer: Paris, London", answer="Paris").passed  # gold inside a longer answer
     assert not verdict("exact", "Paris is the answer.", answer="Paris").passed  # gold in the reasoning only
     assert verdict("exact", "Answer: " + "a" * 3000, answer="a").reason == "too_long"
+    assert verdict("exact", "Answer: **Paris**", answer="Paris", normalize=["punctuation"]).passed
+    # punctuation never strips a sign or symbol: they carry meaning
+    assert not verdict("exact", "Answer: 5", answer="-5", normalize=["punctuation"]).passed
+    assert not verdict("exact", "Answer: C", answer="C++", normalize=["punctuation"]).passed
+    assert not verdict("exact", "Answer: a1b2c3", answer="#a1b2c3", normalize=["punctuation", "case"]).passed
 
 
 def test_regex_matches_the_whole_answer():
@@ -134,7 +174,7 @@ CHOICES = ["Mars", "Jupiter", "Venus"]
     ("B", True), ("(B)", True), ("B.", True), ("B)", True), ("[B]", True), ("b", True), ("Jupiter", True),
     ("jupiter.", True), ("B. Jupiter", True), ("(B) Jupiter", True),
     ("A", False), ("B, C", False), ("B or C", False), ("B. Mars", False), ("D", False), ("Jupiter or Mars", False),
-    ("The answer is B", False), ("BC", False),
+    ("The answer is B", False), ("BC", False), ("(B", False), ("B]", False), ("(B) Mars", False),
 ])
 def test_choice(answer, passed):
     v = verdict("choice", f"Thinking.\nAnswer: {answer}", answer="B", choices=CHOICES)
@@ -144,6 +184,21 @@ def test_choice(answer, passed):
 def test_choice_gold_may_be_the_option_text():
     assert verdict("choice", "Answer: B", answer="Jupiter", choices=CHOICES).passed
     assert not verdict("choice", "Answer: A", answer="Jupiter", choices=CHOICES).passed
+
+
+def test_choice_a_letter_that_is_another_options_text_is_ambiguous():
+    options = ["B", "A", "neither"]  # "B" is option B's letter and option A's text
+    assert verdict("choice", "Answer: B", answer="C", choices=options).reason == "not_a_choice"
+    assert verdict("choice", "Answer: C", answer="C", choices=options).passed
+    assert verdict("choice", "Answer: neither", answer="C", choices=options).passed
+    with pytest.raises(ValueError, match="ambiguous"):
+        VERIFIERS.get("choice").validate_payload({"answer": "B", "choices": options})
+
+
+def test_choice_without_choices_reads_the_letter_only():
+    assert verdict("choice", "Answer: (D)", answer="D").passed
+    assert verdict("choice", "Answer: I think D", answer="D").reason == "not_a_choice"
+    assert verdict("choice", "Answer: D\n", answer="d").passed
 
 
 # ---------------------------------------------------------------- json
@@ -158,6 +213,10 @@ PERSON = {"type": "object", "required": ["name", "age"], "additionalProperties":
     ('{"name": "Ada", "age": 36}', {"answer": {"age": 36}}, "ok"),
     ('{"name": "Ada", "age": 37}', {"answer": {"age": 36}}, "mismatch"),
     ('{"name": "Ada", "age": 36.0}', {"answer": {"age": 36}}, "mismatch"),  # JSON Schema counts 36.0 as an integer; the value must be 36
+    ('{"name": "Ada", "age": 36}', {"answer": {"nick": None}}, "mismatch"),  # a missing key is not null
+    ('[{"name": "Ada", "age": 36}]', {}, "schema_violation"),
+    ('```json\n{"name": "Ada", "age": 36}\n```\n```json\n{"name": "Bob", "age": 7}\n```', {}, "invalid_json"),
+    ('{"name": "Ada", "age": 36}\nAnswer: done', {}, "invalid_json"),
     ('{"name": "Ada", "age": "36"}', {}, "schema_violation"),
     ('{"name": "Ada", "age": 36, "extra": 1}', {}, "schema_violation"),
     ('{"name": "Ada", "age": -1}', {}, "schema_violation"),
@@ -172,8 +231,53 @@ def test_json(completion, extra, reason):
     assert v.reason == reason and v.passed is (reason == "ok"), v
 
 
+def test_json_field_values_compare_types_at_every_depth():
+    schema = {"type": "object"}
+    assert verdict("json", '{"a": {"b": [1, true]}}', schema=schema, answer={"a": {"b": [1, True]}}).passed
+    assert not verdict("json", '{"a": {"b": [1, 1]}}', schema=schema, answer={"a": {"b": [1, True]}}).passed
+    assert not verdict("json", '{"a": {"b": [1.0, true]}}', schema=schema, answer={"a": {"b": [1, True]}}).passed
+    assert not verdict("json", '{"a": {"b": [1, true], "c": 0}}', schema=schema, answer={"a": {"b": [1, True]}}).passed
+
+
+def test_json_gold_is_the_example_or_a_whole_answer():
+    v = VERIFIERS.get("json")
+    assert v.gold_completion({"schema": PERSON, "answer": {"age": 36}}) is None  # field values alone fail the schema
+    whole = {"name": "Ada", "age": 36}
+    gold = v.gold_completion({"schema": PERSON, "answer": whole})
+    assert v.check(task("json", schema=PERSON, answer=whole), gold).passed
+    assert "boxed" in v.instruction({"schema": PERSON, "answer_at": "boxed"})
+
+
 def test_json_deeply_nested_input_fails_closed():
     assert verdict("json", "[" * 50_000 + "]" * 50_000, schema={"type": "array"}).reason in ("invalid_json", "too_long")
+
+
+TRICKY = ["", "\\boxed{", "\\boxed{}", "Answer:", "Answer: \\boxed{\\boxed{1}}", "}" * 50, "{" * 5000,
+          "Answer: 1e99999999", "Answer: 1/0", "Answer: \\frac{1}{0}", "Answer: −", "Answer: .", "Answer: $",
+          "Answer: ```json\n```", "Answer: (", "Answer: [B", "\x00\ud800", "Answer: 1,\\!", "9" * 5000,
+          "Answer: " + "(" * 3000, "```json\n" + "[" * 3000 + "\n```"]
+
+
+@pytest.mark.parametrize("where", ANSWER_AT)
+def test_no_verifier_raises_on_model_output(where):
+    payloads = {"math": {"answer": "1"}, "number": {"answer": "1", "rel_tol": 0.1}, "exact": {"answer": "1"},
+                "regex": {"pattern": r"(a|aa)*b"}, "choice": {"answer": "B", "choices": CHOICES},
+                "json": {"schema": PERSON, "answer": {"age": 1}}}
+    for kind, payload in payloads.items():
+        for text in TRICKY:
+            v = verdict(kind, text, **payload, answer_at=where)
+            assert v.passed is (v.score == 1.0) and v.reason, (kind, text[:30], v)
+            if kind != "math":  # math's equivalence (math-verify) is tested in test_math_verifier.py
+                assert not v.passed, (kind, where, text[:30], v)
+
+
+@pytest.mark.parametrize("where", ["answer_line", "last_line", "whole"])
+def test_math_unwraps_a_box_that_is_the_whole_answer_only(where):
+    assert verdict("math", "Answer: \\boxed{1}", answer="1", answer_at=where).passed is (where == "answer_line")
+    assert verdict("math", "\\boxed{\\frac{1}{2}}", answer="0.5", answer_at="whole").passed
+    for text in ("I guess \\boxed{1}", "\\boxed{\\boxed{1}}", "\\boxed{1} \\boxed{1}", "\\boxed{1} or 2"):
+        v = verdict("math", ("Answer: " if where == "answer_line" else "") + text, answer="1", answer_at=where)
+        assert not v.passed and v.reason == "mismatch", (text, v)
 
 
 # ---------------------------------------------------------------- payloads and golds
@@ -182,7 +286,9 @@ def test_json_deeply_nested_input_fails_closed():
 @pytest.mark.parametrize("kind, payload, needle", [
     ("number", {}, "'answer' is missing"),
     ("number", {"answer": "twelve"}, "is not one number"),
-    ("number", {"answer": "12", "abs_tol": -1}, "'abs_tol' must be a number >= 0"),
+    ("number", {"answer": "12", "abs_tol": -1}, "'abs_tol' must be a finite number >= 0"),
+    ("number", {"answer": "12", "rel_tol": float("inf")}, "'rel_tol' must be a finite number >= 0"),
+    ("number", {"answer": "12 million"}, "write the number in full"),
     ("number", {"answer": "12", "tolerance": 1}, "unknown key 'tolerance'"),
     ("number", {"answer": "12", "answer_at": "end"}, "'answer_at'"),
     ("exact", {"answer": ""}, "'answer' must be a non-empty string"),

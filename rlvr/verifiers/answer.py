@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 
 ANSWER_AT = ("final", "boxed", "answer_line", "last_line", "whole")
-MAX_ANSWER_TEXT = 100_000  # longer completions are not searched (they fail as no_answer)
+MAX_ANSWER_TEXT = 1_000_000  # longer completions are not searched (they fail as no_answer); the search is linear
 _ANSWER_LINE = re.compile(r"^[ \t]*Answer:(.*)$")
 _INSTRUCTIONS = {
     "final": "Give your final answer as \\boxed{...} or on a last line 'Answer: ...'.",
@@ -33,8 +33,9 @@ _INSTRUCTIONS = {
 }
 
 
-def _boxed_content(text: str) -> str | None:
-    """Content of the first ``\\boxed{...}`` (balanced braces), or None if malformed."""
+def _boxed_span(text: str) -> tuple[str, int] | None:
+    """Content of the first ``\\boxed{...}`` (balanced braces) and the index just past it, or None
+    if malformed."""
     j = text.find("\\boxed") + len("\\boxed")
     while j < len(text) and text[j] in " \t":
         j += 1
@@ -44,8 +45,13 @@ def _boxed_content(text: str) -> str | None:
     for k in range(j, len(text)):
         depth += {"{": 1, "}": -1}.get(text[k], 0)
         if depth == 0:
-            return text[j + 1 : k].strip()
+            return text[j + 1 : k].strip(), k + 1
     return None
+
+
+def _boxed_content(text: str) -> str | None:
+    span = _boxed_span(text)
+    return span[0] if span else None
 
 
 def extract_final_answer(text: str) -> tuple[str | None, str]:
@@ -105,6 +111,17 @@ def locate_answer(text: str, where: str = "final") -> tuple[str | None, str]:
         return (lines[-1], "ok") if lines else (None, "no_answer")
     stripped = text.strip()
     return (stripped, "ok") if stripped else (None, "no_answer")
+
+
+def unwrap_boxed(answer: str) -> str | None:
+    """``answer`` without ``\\boxed{...}`` when one box is all of it; ``answer`` itself when it has
+    none; None when a box sits inside other text or there are several (``I guess \\boxed{1}``)."""
+    n = answer.count("\\boxed")
+    if n == 0:
+        return answer
+    s = answer.strip()
+    span = _boxed_span(s) if n == 1 and s.startswith("\\boxed") else None
+    return span[0] if span and span[0] and span[1] == len(s) else None
 
 
 def format_instruction(where: str = "final") -> str:

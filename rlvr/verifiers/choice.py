@@ -9,8 +9,9 @@ A.. up to the number of options). The answer at ``answer_at`` passes when it is:
 - the correct option's text alone (case and surrounding whitespace/period ignored).
 
 Two letters (``B, C``, ``B or C``), a letter with another option's text, a letter outside the
-options, or any other text fail. Reasons: ``ok``, ``no_answer``, ``multiple_answers`` (from the
-extraction), ``not_a_choice`` (it names no option), ``mismatch`` (another option).
+options, a letter that is also another option's text (``B`` when option A is ``B``), an unclosed
+bracket (``(B``), or any other text fail. Reasons: ``ok``, ``no_answer``, ``multiple_answers``
+(from the extraction), ``not_a_choice`` (it names no option), ``mismatch`` (another option).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from rlvr.verifiers.base import VERIFIERS, example_task
 
 LETTERS = string.ascii_uppercase
 MAX_CHARS = 1000
-_LETTER = re.compile(r"[(\[]?([A-Za-z])[)\].:]?(?:\s+(.*))?", re.DOTALL)
+# (B), [B], or B with an optional ".", ")" or ":"; then optionally the option's text
+_LETTER = re.compile(
+    r"(?:\((?P<paren>[A-Za-z])\)|\[(?P<bracket>[A-Za-z])\]|(?P<bare>[A-Za-z])[).:]?)(?:\s+(?P<rest>.*))?", re.DOTALL)
 
 
 def _norm(text: str) -> str:
@@ -42,22 +45,31 @@ def gold_letter(payload: dict) -> str:
 
 
 def read_choice(text: str, choices: list[str]) -> str | None:
-    """The letter ``text`` names, or None when it names none or more than one option."""
+    """The letter ``text`` names, or None when it names none or more than one option (``B`` when
+    option A's text is ``B`` names both)."""
     s = text.strip()
     if len(s) > MAX_CHARS:
         return None
     texts = [_norm(c) for c in choices]
     if _norm(s) in texts:
         hits = [i for i, t in enumerate(texts) if t == _norm(s)]
-        return LETTERS[hits[0]] if len(hits) == 1 else None
+        by_letter = _read_letter(s, choices, texts)
+        if len(hits) != 1 or by_letter not in (None, LETTERS[hits[0]]):
+            return None
+        return LETTERS[hits[0]]
+    return _read_letter(s, choices, texts)
+
+
+def _read_letter(s: str, choices: list[str], texts: list[str]) -> str | None:
     m = _LETTER.fullmatch(s)
     if not m:
         return None
-    letter, rest = m.group(1).upper(), m.group(2)
+    written = m.group("paren") or m.group("bracket") or m.group("bare")
+    letter, rest = written.upper(), m.group("rest")
     if choices and LETTERS.index(letter) >= len(choices):
         return None
     if rest is None or not rest.strip():
-        return letter if (s[0] in "([" or len(s) <= 2 or m.group(1).isupper()) else None
+        return letter if (s[0] in "([" or len(s) <= 2 or written.isupper()) else None
     if choices and _norm(rest) == texts[LETTERS.index(letter)]:
         return letter  # "B. Paris": the letter and its own option
     return None
@@ -95,6 +107,8 @@ class ChoiceVerifier:
         letter = gold_letter(payload)
         if choices and LETTERS.index(letter) >= len(choices):
             raise ValueError(f"'answer' = {letter!r} is not among the {len(choices)} choices")
+        if choices and read_choice(str(payload["answer"]), choices) is None:
+            raise ValueError(f"'answer' = {payload['answer']!r} is ambiguous: it is a letter and another option's text")
 
     def gold_completion(self, payload: dict) -> str:
         return place_answer(gold_letter(payload), payload.get("answer_at", "final"))

@@ -5,8 +5,10 @@ Payload ``{"schema": {...}, "answer": {...}, "example": ..., "answer_at": "whole
 (```` ```json ... ``` ````) around it is allowed. It must be exactly one JSON value (``json.loads``
 refuses trailing text, so two objects fail; ``NaN``/``Infinity`` are not JSON and fail), valid
 against ``schema`` (jsonschema, the schema's own draft, default 2020-12), and, when ``answer`` is
-given (an object), equal to it on each of its keys. ``example`` (optional) is a value that must
-pass; ``rlvr tasks validate`` checks it. Reasons: ``ok``, ``no_answer``, ``invalid_json``,
+given (an object), equal to it on each of its keys: the key present, the value equal with the same
+JSON types at every depth (``36.0`` is not ``36``, ``true`` is not ``1``). ``example`` (optional) is
+a value that must pass; ``rlvr tasks validate`` checks it, or ``answer`` itself when that alone
+satisfies the schema (``gold_completion`` is None otherwise). Reasons: ``ok``, ``no_answer``, ``invalid_json``,
 ``schema_violation``, ``mismatch`` (a field value), ``too_long``.
 """
 
@@ -18,7 +20,7 @@ import re
 from typing import Any
 
 from rlvr.types import Task, Verdict
-from rlvr.verifiers.answer import check_keys, locate_answer, place_answer
+from rlvr.verifiers.answer import check_keys, format_instruction, locate_answer, place_answer
 from rlvr.verifiers.base import VERIFIERS, example_task
 
 MAX_CHARS = 100_000
@@ -39,6 +41,17 @@ def read_json(text: str) -> tuple[Any, str | None]:
         return json.loads(s, parse_constant=_reject_constant), None
     except (ValueError, RecursionError) as e:
         return None, str(e)[:200]
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """JSON equality that also compares types at every depth (Python's ``1 == 1.0 == True``)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 @functools.lru_cache(maxsize=256)
@@ -71,8 +84,8 @@ class JsonVerifier:
         if violation is not None:
             where = "/".join(str(x) for x in violation.absolute_path) or "(root)"
             return Verdict(False, 0.0, "schema_violation", {**details, "error": f"{where}: {violation.message[:200]}"})
-        wrong = [k for k, v in (p.get("answer") or {}).items() if not isinstance(value, dict) or value.get(k) != v
-                 or type(value.get(k)) is not type(v)]
+        wrong = [k for k, v in (p.get("answer") or {}).items()
+                 if not isinstance(value, dict) or k not in value or not same_value(value[k], v)]
         if wrong:
             return Verdict(False, 0.0, "mismatch", {**details, "fields": wrong})
         return Verdict(True, 1.0, "ok", details)
@@ -90,12 +103,22 @@ class JsonVerifier:
             raise ValueError("'answer' must be an object of field values")
 
     def gold_completion(self, payload: dict) -> str | None:
-        value = payload.get("example", payload.get("answer"))
-        return None if value is None else place_answer(json.dumps(value), payload.get("answer_at", "whole"))
+        where = payload.get("answer_at", "whole")
+        if "example" in payload:
+            return place_answer(json.dumps(payload["example"]), where)
+        answer = payload.get("answer")
+        schema = _validator(json.dumps(payload["schema"], sort_keys=True))
+        if answer is None or not schema.is_valid(answer):
+            return None  # the field values alone are not a whole answer
+        return place_answer(json.dumps(answer), where)
 
     def instruction(self, payload: dict) -> str:
-        return ("Reply with one JSON value that follows this JSON Schema, and nothing else:\n"
-                + json.dumps(payload["schema"]))
+        where = payload.get("answer_at", "whole")
+        if where == "whole":
+            return "Reply with one JSON value that follows this JSON Schema, and nothing else:\n" + json.dumps(
+                payload["schema"])
+        return (format_instruction(where).replace("your final answer", "one JSON value")
+                + " It must follow this JSON Schema:\n" + json.dumps(payload["schema"]))
 
     def examples(self) -> list[tuple[Task, str]]:
         person = {"type": "object", "required": ["name", "age"], "additionalProperties": False,

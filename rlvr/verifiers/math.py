@@ -49,7 +49,7 @@ import re
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from rlvr.types import Task, Verdict
-from rlvr.verifiers.answer import ANSWER_AT, format_instruction, locate_answer, place_answer
+from rlvr.verifiers.answer import ANSWER_AT, format_instruction, locate_answer, place_answer, unwrap_boxed
 from rlvr.verifiers.answer import extract_final_answer  # noqa: F401  (re-exported: the math rule's name)
 from rlvr.verifiers.base import VERIFIERS
 
@@ -315,7 +315,10 @@ class MathVerifier:
     absent) = exact; ``answer_at`` is where the final answer must be (``rlvr.verifiers.answer``,
     default ``final``).
 
-    ``format_ok`` is True when exactly one well-formed final answer was found.
+    ``format_ok`` is True when exactly one well-formed final answer was found. Where the place is
+    a line or the whole completion, one ``\\boxed{...}`` that is all of it is unwrapped; a box
+    inside other text (``I guess \\boxed{1}``) is a ``mismatch``, since math-verify would read the
+    box alone.
     """
 
     name = "math"
@@ -328,8 +331,9 @@ class MathVerifier:
         details = {"extracted": extracted, "gold": gold, "format_ok": extracted is not None}
         if extracted is None:
             return Verdict(passed=False, score=0.0, reason=status, details=details)
-        passed = is_final_form(extracted, gold) and (
-            answers_equal(extracted, gold) or (tolerance > 0 and within_tolerance(extracted, gold, tolerance))
+        answer = unwrap_boxed(extracted)
+        passed = answer is not None and is_final_form(answer, gold) and (
+            answers_equal(answer, gold) or (tolerance > 0 and within_tolerance(answer, gold, tolerance))
         )
         reason = "ok" if passed else "mismatch"
         return Verdict(passed=passed, score=float(passed), reason=reason, details=details)

@@ -10,7 +10,8 @@ pass: it is what ``rlvr tasks validate`` checks the pattern against.
 Normalisation steps, applied in this order, only those declared (the answer is always stripped):
 
     latex        drop ``$``/``\\(``...``\\)`` delimiters, ``\\text{x}``/``\\mathrm{x}`` -> ``x``
-    punctuation  drop punctuation and quotes around the answer (not inside it)
+    punctuation  drop sentence punctuation (``.,;:!?``), quotes, ``*`` and backticks around the
+                 answer (not inside it); signs and symbols stay (``-5``, ``C++``, ``#a1``, ``(x)``)
     whitespace   runs of whitespace become one space
     case         case-folded
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import re
-import string
 from typing import Any
 
 from rlvr.types import Task, Verdict
@@ -33,7 +33,8 @@ from rlvr.verifiers.base import VERIFIERS, example_task
 NORMALIZE = ("latex", "punctuation", "whitespace", "case")
 FLAGS = {"ignorecase": re.IGNORECASE, "multiline": re.MULTILINE, "dotall": re.DOTALL}
 MAX_CHARS = 2000
-_PUNCT = string.punctuation + "“”‘’«»…"
+# sentence punctuation, quotes and markdown emphasis; not signs or symbols, which carry meaning
+_PUNCT = ".,;:!?'\"`*“”‘’«»…"
 _LATEX_WRAP = re.compile(r"\\(?:text|mathrm|textbf|mathbf|operatorname)\{([^{}]*)\}")
 
 
