@@ -292,3 +292,20 @@ def test_relations_and_separators_pass_the_verifier():
     assert _check("Answer: x \\geq -2", answer="-2 \\le x").passed
     assert _check("\\boxed{1,\\!250}", answer="1250").passed
     assert not _check("Answer: y \\leq -2", answer="-2").passed
+
+
+@pytest.mark.parametrize("pred, gold, equal", [
+    ("The answer is 1", "1", False),  # math-verify would read the number out of the sentence
+    ("about 12", "12", False),
+    ("is 12", "12", False),
+    ("it is 12 apples", "12", False),
+    ("12 apples", "12", True),  # a unit after the number is not prose
+    ("12\\text{ cm}", "12", True),
+    ("2\\pi", "2\\pi", True),
+    ("\\sqrt{2}", "\\sqrt{2}", True),
+    ("\\text{odd}", "\\text{odd}", True),  # a gold made of words is compared as it is
+])
+def test_prose_around_a_number_is_not_an_answer(pred, gold, equal):
+    assert answers_equal(pred, gold) is equal
+    task = Task(id="t", domain="math", level=1, prompt=({"role": "user", "content": "q"},), spec=Spec("math", {"answer": gold}))
+    assert get_verifier(task).check(task, f"Answer: {pred}").passed is equal

@@ -27,6 +27,8 @@ parsed as LaTeX and as plain expressions) after a little normalisation. Decision
   * two numbers separated only by spaces (``4 2``, ``4\;2``) never match (math-verify reads
     4 + 2), and neither does a chain the gold does not have (``41 \to 42``, ``41 \vee 42``),
     which math-verify would read as its last side.
+  * prose is not an answer: ``The answer is 1`` or ``about 12`` never match ``1``/``12`` (math-verify
+    would read the number out of the sentence); a unit after the number (``12 cm``) is allowed.
   * a currency sign is dropped (``$5`` == ``5``), LaTeX spacing (``\,`` ``~``) is a space.
 
 The verifier adds one rule on top: the answer must be in final form, i.e. use no arithmetic
@@ -233,9 +235,24 @@ def _parse(s: str) -> list:
         return []
 
 
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_MATH_WORDS = frozenset("sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh log ln exp sqrt pi inf "
+                        "infty oo mod max min gcd lcm det dfrac tfrac frac left right cdot times text mathrm".split())
+
+
+def _is_prose(s: str) -> bool:
+    """An answer that talks: two or more words that are not math (``the answer is 1``), or a word
+    before the first number (``about 12``). A unit after the number (``12 cm``) is not prose."""
+    words = [m for m in _WORD.finditer(s) if m.group(0).lower() not in _MATH_WORDS]
+    first_digit = next((i for i, ch in enumerate(s) if ch.isdigit()), len(s))
+    return len(words) >= 2 or any(m.start() < first_digit for m in words)
+
+
 def _comparable(pred: str, gold: str) -> tuple[str, str] | None:
     p, g = _normalise(pred), _normalise(gold)
     if p is None or g is None:
+        return None
+    if _is_prose(p) and not _WORD.search(g):  # math-verify would pick a number out of the sentence
         return None
     if "=" in p and "=" not in g:
         p = _rhs_of_assignment(p)
