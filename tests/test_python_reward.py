@@ -43,7 +43,37 @@ def short(prompts, completions, **kw):
     return [1.0]
 
 def text(prompts, completions, **kw):
-    return ["high" for _ in completions]
+    return ["high" if c == "x" else "0.5" for c in completions]
+
+def mutate(prompts, completions, **kw):
+    completions.clear()
+    kw["answer"].clear()
+    return [0.0] * len(prompts)
+
+def columns(prompts, completions, task_ids, answer, extra, note=None, **kw):
+    return [1.0 if (t, a, e, n) == ("t0", "4", 0, "hi") else 0.5 if (t, n) == ("t1", None) else 0.0
+            for t, a, e, n in zip(task_ids, answer, extra, note or [None] * len(task_ids))]
+
+def tensor(prompts, completions, **kw):
+    import torch
+    return torch.tensor([0.25] * len(completions))
+
+def as_dict(prompts, completions, **kw):
+    return {c: 1.0 for c in completions}
+
+def scalar(prompts, completions, **kw):
+    import torch
+    return torch.tensor(1.0)
+
+def partial(prompts, completions, **kw):
+    return [Verdict(False, 0.5, "half", {"reward": 99.0, "why": "half right"}) for c in completions]
+
+FLAKY = {"raise": True}
+
+def flaky(prompts, completions, **kw):
+    if FLAKY["raise"]:
+        raise RuntimeError("flaky")
+    return [1.0] * len(completions)
 
 NOT_CALLABLE = 3
 '''
@@ -57,10 +87,10 @@ def mod(tmp_path, monkeypatch):
     return name
 
 
-def task(i: int, fns: list, answer: str = "4", **payload) -> Task:
+def task(i: int, fns: list, answer: str = "4", columns: dict | None = None, **payload) -> Task:
     return Task(id=f"t{i}", domain="file.python", level=1, prompt=({"role": "user", "content": f"q{i}"},),
                 spec=Spec("python", {"functions": [{"ref": r, "weight": w} for r, w in fns],
-                                     "columns": {"answer": answer, "extra": i}, **payload}))
+                                     "columns": {"answer": answer, "extra": i, **(columns or {})}, **payload}))
 
 
 def test_trl_call_signature_and_weights(mod):
@@ -98,13 +128,56 @@ def test_a_raising_function_fails_its_samples_and_warns_once(mod, capsys):
 def test_nan_and_non_numbers_are_invalid_rewards(mod):
     bad, good = check_all([(task(0, [(f"{mod}:nan", 1.0)]), "x"), (task(1, [(f"{mod}:nan", 1.0)]), "y")])
     assert bad.reason == "invalid_reward" and not bad.passed and good.passed
-    (v,) = check_all([(task(0, [(f"{mod}:text", 1.0)]), "x")])
-    assert v.reason == "invalid_reward" and "str" in v.details["error"]
+    high, half = check_all([(task(0, [(f"{mod}:text", 1.0)]), "x"), (task(1, [(f"{mod}:text", 1.0)]), "y")])
+    assert high.reason == half.reason == "invalid_reward" and "str" in high.details["error"]  # even "0.5"
+    assert "reward" not in high.details  # no value: the outcome term is reward.fail_reward
+
+
+def test_columns_are_lists_over_the_batch_with_none_where_a_task_lacks_one(mod):
+    fns = [(f"{mod}:columns", 1.0)]
+    first, second = check_all([(task(0, fns, columns={"note": "hi"}), "a"), (task(1, fns), "b")])
+    assert first.details["reward"] == 1.0 and second.details["reward"] == 0.5
+
+
+def test_each_function_gets_fresh_lists_and_any_sequence_is_accepted(mod):
+    fns = [(f"{mod}:mutate", 1.0), (f"{mod}:exact", 1.0), (f"{mod}:tensor", 2.0)]
+    (v,) = check_all([(task(0, fns, "4"), "4")])
+    assert v.details["rewards"] == {f"{mod}:mutate": 0.0, f"{mod}:exact": 1.0, f"{mod}:tensor": 0.25}
+    assert v.details["reward"] == pytest.approx(1.5) and v.passed
+
+
+def test_a_failing_verdict_keeps_its_reason_and_the_sum_as_reward(mod):
+    (v,) = check_all([(task(0, [(f"{mod}:partial", 2.0)]), "x")])
+    assert not v.passed and v.reason == "half" and v.details["why"] == "half right"
+    assert v.details["reward"] == 1.0 and v.score == 1.0  # the function's own "reward" key cannot override
+
+
+def test_a_function_raising_on_every_call_stops_the_run_after_a_limit(mod, monkeypatch):
+    import importlib
+
+    from rlvr.verifiers import python_reward
+
+    monkeypatch.setattr(python_reward, "MAX_CONSECUTIVE_ERRORS", 3)
+    flaky = importlib.import_module(mod).FLAKY
+    pairs = [(task(0, [(f"{mod}:flaky", 1.0)]), "a")]
+    for _ in range(2):
+        assert check_all(pairs)[0].reason == "reward_error"
+    flaky["raise"] = False
+    assert check_all(pairs)[0].passed  # a call that returns resets the count
+    flaky["raise"] = True
+    for _ in range(2):
+        assert check_all(pairs)[0].reason == "reward_error"
+    with pytest.raises(UserError, match=f"reward function {mod}:flaky raised on 3 calls in a row.*RuntimeError: flaky"):
+        check_all(pairs)
 
 
 def test_wrong_length_is_one_located_error(mod):
     with pytest.raises(UserError, match=f"reward function {mod}:short returned 1 values for 2 completions"):
         check_all([(task(0, [(f"{mod}:short", 1.0)]), "a"), (task(1, [(f"{mod}:short", 1.0)]), "b")])
+    with pytest.raises(UserError, match=f"reward function {mod}:as_dict returned dict for 1 completions"):
+        check_all([(task(0, [(f"{mod}:as_dict", 1.0)]), "a")])
+    with pytest.raises(UserError, match=f"reward function {mod}:scalar returned Tensor for 1 completions"):
+        check_all([(task(0, [(f"{mod}:scalar", 1.0)]), "a")])
 
 
 def test_refs_resolve_from_a_module_or_a_file(mod, tmp_path):
@@ -112,15 +185,45 @@ def test_refs_resolve_from_a_module_or_a_file(mod, tmp_path):
     assert resolve_reward_fn(f"{tmp_path}/{mod}.py:length").__name__ == "length"
     bad = tmp_path / "broken.py"
     bad.write_text("def f(:\n    pass\n")
+    (tmp_path / "needs_missing.py").write_text("import rlvr_no_such_dependency\n\ndef f(prompts, completions, **kw):\n    pass\n")
+    (tmp_path / "raises_on_import.py").write_text("x = 1 / 0\n")
     for ref, needle in [("nocolon", "module.path:function"), ("no_such_module_xyz:f", "no module named 'no_such_module_xyz'"),
                         (f"{tmp_path}/missing.py:f", "no file"), (f"{mod}:absent", "has no attribute 'absent'"),
-                        (f"{mod}:NOT_CALLABLE", "is not callable"), (f"{bad}:f", "broken.py:1")]:
+                        (f"{mod}:NOT_CALLABLE", "is not callable"), (f"{bad}:f", "broken.py:1"),
+                        ("needs_missing:f", ("importing needs_missing raised ModuleNotFoundError: No module named "
+                                             "'rlvr_no_such_dependency'")),
+                        (f"{tmp_path}/raises_on_import.py:f", "raised ZeroDivisionError: division by zero")]:
         with pytest.raises(UserError, match=needle):
             resolve_reward_fn(ref)
     with pytest.raises(ValueError, match="functions"):
         validate_payload({"functions": []})
     with pytest.raises(ValueError, match="unknown key 'answr'"):
         validate_payload({"functions": [{"ref": f"{mod}:exact"}], "answr": 1})
+
+
+def test_a_file_runs_once_for_all_its_refs_and_can_import_its_neighbours(tmp_path):
+    sub = tmp_path / "rewards_dir"
+    sub.mkdir()
+    (sub / "rlvr_test_helper_mod.py").write_text("def bonus():\n    return 0.5\n")
+    (sub / "rw.py").write_text(textwrap.dedent('''
+        import dataclasses
+        from rlvr_test_helper_mod import bonus
+        RUNS = []
+        RUNS.append(1)
+
+        @dataclasses.dataclass
+        class Config:
+            scale: float = 1.0
+
+        def a(prompts, completions, **kw):
+            return [bonus() * Config().scale for _ in completions]
+
+        def b(prompts, completions, **kw):
+            return [float(len(RUNS))] * len(completions)
+    '''))
+    fns = [(f"{sub}/rw.py:a", 1.0), (f"{sub}/rw.py:b", 1.0)]
+    (v,) = check_all([(task(0, fns), "x")])
+    assert v.details["rewards"] == {f"{sub}/rw.py:a": 0.5, f"{sub}/rw.py:b": 1.0}  # one module, run once
 
 
 def test_the_outcome_term_is_the_functions_value(mod):

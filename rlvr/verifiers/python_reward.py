@@ -19,17 +19,26 @@ directory, or a ``.py`` file; it is resolved once and cached. The verdict of a s
     score               the weighted sum clipped to [0, 1] (``Verdict.score``'s contract)
     passed              weighted sum >= pass_threshold (reason ``ok`` / ``below_threshold``)
 
-A function that returns ``Verdict``s contributes ``weight * verdict.score``, and its failing
-reason is kept. Failures are never a crashed run, and never a hang (nothing here waits):
+A function may return any sequence with a length (a list, tuple, numpy array or tensor) of
+numbers (numpy / torch scalars too). One that returns ``Verdict``s contributes
+``weight * verdict.score`` to the sum; a failing one fails the sample with its own reason (the sum
+is still the reward).
+
+Failures are never a crash with a traceback, and never a hang (nothing here waits):
 
     reward_error    the function raised: every sample of that call fails, with the ref and the
-                    exception in details; a warning is printed once per ref
-    invalid_reward  NaN, infinity or a value that is not a number for this sample
-    UserError       a wrong-length or non-list return (a systematic bug: one line, the run
-                    stops), or a ref that cannot be resolved
+                    exception in details (outcome = ``reward.fail_reward``); a warning is
+                    printed once per ref
+    invalid_reward  NaN, infinity or a value that is not a number (a string included) for this
+                    sample (outcome = ``reward.fail_reward``)
+    UserError       the run stops with one line: a wrong-length or non-sequence return, a ref that
+                    cannot be resolved, or a function that raised on ``MAX_CONSECUTIVE_ERRORS``
+                    calls in a row (each call is a whole rollout batch, so nothing was learned
+                    from any of them: a systematic bug, not a bad sample)
 
-The function runs in the trainer's process: it is the user's trusted code, but it receives model
-output, which it must never execute.
+The function runs in the trainer's process, synchronously and without a timeout: it is the user's
+own trusted code, but it receives model output, which it must never execute. A function that
+never returns stops the run like any user code would.
 """
 
 from __future__ import annotations
@@ -38,7 +47,8 @@ import importlib
 import importlib.util
 import math
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,48 +57,88 @@ from rlvr.types import Spec, Task, Verdict
 from rlvr.verifiers.base import VERIFIERS
 
 PAYLOAD_KEYS = ("functions", "columns", "pass_threshold", "answer_at")
+MAX_CONSECUTIVE_ERRORS = 20  # calls of one function in a row that all raised: the run stops
+RESERVED_DETAILS = ("reward", "rewards", "format_ok")  # a returned Verdict's details cannot override these
 _cache: dict[str, Callable] = {}
+_files: dict[Path, Any] = {}  # one module per resolved file, however many refs name it
 _warned: set[str] = set()
+_consecutive_errors: dict[str, int] = {}
+_lock = threading.RLock()  # multi-turn environments verify from threads
 
 
 def resolve_reward_fn(ref: str) -> Callable:
-    """The callable ``ref`` names (``module.path:fn`` or ``path/to/file.py:fn``), cached."""
-    if ref in _cache:
+    """The callable ``ref`` names (``module.path:fn`` or ``path/to/file.py:fn``), cached.
+
+    ``UserError`` naming the ref and what is wrong: no ``:``, no such module or file, an import
+    that fails (a syntax error with its file and line), no such attribute, not callable.
+    """
+    with _lock:
+        if ref not in _cache:
+            _cache[ref] = _resolve(ref)
         return _cache[ref]
+
+
+def _resolve(ref: str) -> Callable:
     where, sep, name = ref.rpartition(":")
     if not sep or not where or not name.isidentifier():
         raise UserError(f"reward function {ref!r}: write it as module.path:function or path/file.py:function")
-    if where.endswith(".py"):
-        path = Path(where)
-        if not path.is_file():
-            raise UserError(f"reward function {ref!r}: no file {path}")
-        spec = importlib.util.spec_from_file_location(f"rlvr_user_reward_{abs(hash(str(path.resolve())))}", path)
-        module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except SyntaxError as e:
-            raise UserError(f"reward function {ref!r}: {path}:{e.lineno}: {e.msg}") from None
-        except Exception as e:
-            raise UserError(f"reward function {ref!r}: importing {path} raised {type(e).__name__}: {e}") from None
-    else:
-        if "" not in sys.path and str(Path.cwd()) not in sys.path:
-            sys.path.insert(0, str(Path.cwd()))
-        try:
-            module = importlib.import_module(where)
-        except ModuleNotFoundError as e:
-            raise UserError(f"reward function {ref!r}: no module named {e.name!r} (run from the directory "
-                            "that holds it, or give a path/file.py)") from None
-        except SyntaxError as e:
-            raise UserError(f"reward function {ref!r}: {e.filename}:{e.lineno}: {e.msg}") from None
-        except Exception as e:
-            raise UserError(f"reward function {ref!r}: importing {where} raised {type(e).__name__}: {e}") from None
+    module = _load_file(ref, Path(where)) if where.endswith(".py") else _import_module(ref, where)
     fn = getattr(module, name, None)
     if fn is None:
         raise UserError(f"reward function {ref!r}: {where} has no attribute {name!r}")
     if not callable(fn):
         raise UserError(f"reward function {ref!r}: {where}.{name} is not callable")
-    _cache[ref] = fn
     return fn
+
+
+def _load_file(ref: str, path: Path) -> Any:
+    """The module of a ``.py`` file, run once per file; its directory is importable (appended to
+    ``sys.path``, as when Python runs a script), so it can import its neighbours."""
+    if not path.is_file():
+        raise UserError(f"reward function {ref!r}: no file {path}")
+    path = path.resolve()
+    if path in _files:
+        return _files[path]
+    name = f"rlvr_user_reward_{len(_files)}_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
+    sys.modules[name] = module  # dataclasses, pickle and typing look the module up by name
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as e:
+        del sys.modules[name]
+        if not isinstance(e, Exception):
+            raise
+        raise _import_error(ref, str(path), e) from None
+    _files[path] = module
+    return module
+
+
+def _import_module(ref: str, where: str) -> Any:
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        return importlib.import_module(where)
+    except ModuleNotFoundError as e:
+        if e.name and (where == e.name or where.startswith(e.name + ".")):  # the ref's own module
+            raise UserError(f"reward function {ref!r}: no module named {e.name!r} (run from the directory "
+                            "that holds it, or give a path/file.py)") from None
+        raise _import_error(ref, where, e) from None
+    except Exception as e:
+        raise _import_error(ref, where, e) from None
+
+
+def _import_error(ref: str, what: str, e: Exception) -> UserError:
+    if isinstance(e, SyntaxError):
+        return UserError(f"reward function {ref!r}: {e.filename or what}:{e.lineno}: {e.msg}")
+    return UserError(f"reward function {ref!r}: importing {what} raised {type(e).__name__}: {_first_line(e)}")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else "")[:300]
 
 
 def validate_payload(payload: dict[str, Any]) -> None:
@@ -127,7 +177,9 @@ def _value(x: Any) -> tuple[float | None, str | None]:
     if x is None:
         return None, None
     if isinstance(x, Verdict):
-        return float(x.score), None
+        x = x.score
+    if isinstance(x, (str, bytes)):
+        return None, f"returned {type(x).__name__} {x!r:.40}, not a number"
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         try:  # numpy / torch scalars
             x = float(x)
@@ -135,6 +187,13 @@ def _value(x: Any) -> tuple[float | None, str | None]:
             return None, f"returned {type(x).__name__}, not a number"
     x = float(x)
     return (x, None) if math.isfinite(x) else (None, f"returned {x}")
+
+
+class _Raised:
+    """What a reward function raised, as ``Type: first line of the message``."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
 
 
 class PythonRewardVerifier:
@@ -166,10 +225,9 @@ class PythonRewardVerifier:
 
     def _judge(self, fns: tuple, pairs: list[tuple[Task, str]]) -> list[Verdict]:
         tasks = [t for t, _ in pairs]
-        names = sorted({k for t in tasks for k in t.spec.payload.get("columns", {})} - {"prompts", "completions"})
-        kwargs = {k: [t.spec.payload.get("columns", {}).get(k) for t in tasks] for k in names}
-        kwargs["task_ids"] = [t.id for t in tasks]
-        prompts = [_prompt_of(t) for t in tasks]
+        names = sorted({k for t in tasks for k in t.spec.payload.get("columns", {})}
+                       - {"prompts", "completions", "task_ids"})
+        columns = {k: [t.spec.payload.get("columns", {}).get(k) for t in tasks] for k in names}
         completions = [c if isinstance(c, str) else "" for _, c in pairs]
         n = len(pairs)
         values: list[dict[str, float]] = [{} for _ in range(n)]
@@ -177,21 +235,11 @@ class PythonRewardVerifier:
         total = [0.0] * n
         for ref, weight in fns:
             fn = resolve_reward_fn(ref)
-            try:
-                returned = fn(prompts=prompts, completions=completions, **kwargs)
-            except Exception as e:  # the user's code: a failing verdict, never a crashed run
-                message = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-                if ref not in _warned:
-                    _warned.add(ref)
-                    print(f"rlvr: warning: reward function {ref} raised {message}; its samples fail (reward_error)",
-                          file=sys.stderr)
+            returned = self._call(fn, ref, tasks, completions, columns)
+            if isinstance(returned, _Raised):
                 for i in range(n):
-                    failures[i] = failures[i] or ("reward_error", {"function": ref, "error": message})
+                    failures[i] = failures[i] or ("reward_error", {"function": ref, "error": returned.message})
                 continue
-            if not isinstance(returned, (list, tuple)) or len(returned) != n:
-                got = f"{len(returned)} values" if isinstance(returned, (list, tuple)) else type(returned).__name__
-                raise UserError(f"reward function {ref} returned {got} for {n} completions; it must return "
-                                "one float (or None, or Verdict) per completion")
             for i, x in enumerate(returned):
                 value, invalid = _value(x)
                 if invalid:
@@ -201,20 +249,62 @@ class PythonRewardVerifier:
                     continue
                 values[i][ref] = value
                 total[i] += weight * value
-                if isinstance(x, Verdict) and not x.passed:
-                    failures[i] = failures[i] or (x.reason, {"function": ref, **x.details})
+                if isinstance(x, Verdict) and not x.passed and failures[i] is None:
+                    extra = {k: v for k, v in x.details.items() if k not in RESERVED_DETAILS}
+                    failures[i] = (x.reason, {"function": ref, **extra})
         threshold = [float(t.spec.payload.get("pass_threshold", 1.0)) for t in tasks]
         verdicts = []
         for i in range(n):
             details = {"reward": total[i], "rewards": values[i], "format_ok": True}
-            if failures[i] is not None:
-                reason, extra = failures[i]
-                details.pop("reward")  # no value: the outcome is the configured fail_reward
-                verdicts.append(Verdict(False, 0.0, reason, {**details, **extra}))
+            score = min(max(total[i], 0.0), 1.0)
+            if failures[i] is None:
+                passed = total[i] >= threshold[i]
+                verdicts.append(Verdict(passed, score, "ok" if passed else "below_threshold", details))
                 continue
-            passed = total[i] >= threshold[i]
-            verdicts.append(Verdict(passed, min(max(total[i], 0.0), 1.0), "ok" if passed else "below_threshold", details))
+            reason, extra = failures[i]
+            if reason in ("reward_error", "invalid_reward"):  # no value: the outcome is reward.fail_reward
+                details.pop("reward")
+                score = 0.0
+            verdicts.append(Verdict(False, score, reason, {**extra, **details}))
         return verdicts
+
+    @staticmethod
+    def _call(fn: Callable, ref: str, tasks: list[Task], completions: list[str],
+              columns: dict[str, list]) -> list | _Raised:
+        """One TRL-style call on fresh lists (a function may mutate its arguments): the returned
+        values as a list of the batch's length, or what it raised."""
+        n = len(tasks)
+        try:
+            returned = fn(prompts=[_prompt_of(t) for t in tasks], completions=list(completions),
+                          task_ids=[t.id for t in tasks], **{k: list(v) for k, v in columns.items()})
+        except Exception as e:  # the user's code: failing verdicts, not a crashed run
+            message = f"{type(e).__name__}: {_first_line(e)}".rstrip(": ")
+            with _lock:
+                _consecutive_errors[ref] = count = _consecutive_errors.get(ref, 0) + 1
+                first = ref not in _warned
+                _warned.add(ref)
+            if count >= MAX_CONSECUTIVE_ERRORS:
+                raise UserError(f"reward function {ref} raised on {count} calls in a row, so no sample got a "
+                                f"reward (last: {message}); a function should return None or 0.0 for a "
+                                "completion it cannot score: one exception fails its whole batch") from None
+            if first:
+                print(f"rlvr: warning: reward function {ref} raised {message}; every sample of that call "
+                      "fails (reward_error); this is warned once", file=sys.stderr)
+            return _Raised(message)
+        with _lock:
+            _consecutive_errors[ref] = 0
+        try:
+            length = None if isinstance(returned, (str, bytes, Mapping)) else len(returned)
+            values = list(returned) if length is not None else None
+        except TypeError:  # no length (a generator, a number, a 0-d tensor)
+            length = values = None
+        if values is None:
+            raise UserError(f"reward function {ref} returned {type(returned).__name__} for {n} completions; "
+                            "it must return a list of one float (or None, or Verdict) per completion")
+        if length != n:
+            raise UserError(f"reward function {ref} returned {length} values for {n} completions; "
+                            "it must return one float (or None, or Verdict) per completion")
+        return values
 
     def examples(self) -> list[tuple[Task, str]]:
         """Tasks with passing completions for the registry conformance suite."""
