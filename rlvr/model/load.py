@@ -41,6 +41,8 @@ CHAT_TEMPLATE_OPTION = "pass --chat-template FILE (config key model_load.chat_te
 
 @dataclass
 class ModelLoadConfig:
+    """How a user's model directory is loaded (config key ``model_load``)."""
+
     dtype: str = "auto"
     """auto (the dtype stored in config.json, float32 if none) | float32 | bfloat16 | float16 (or fp32, bf16, fp16)."""
     trust_remote_code: bool = False
@@ -75,16 +77,24 @@ def resolve_dtype(p: Path, options: ModelLoadConfig | None, dtype: torch.dtype |
     return _stored_dtype(p) if name == "auto" else DTYPES[name]
 
 
-def _check_remote_code(p: Path, options: ModelLoadConfig | None) -> bool:
+def _check_remote_code(p: Path, options: ModelLoadConfig | None, file: str = "config.json") -> bool:
+    """Whether to pass ``trust_remote_code=True``; refuses a directory whose ``file`` has an
+    ``auto_map`` (its own Python code) unless the user opted in."""
     trust = bool(options and options.trust_remote_code)
     try:
-        needs = "auto_map" in json.loads((p / "config.json").read_text())
-    except (OSError, ValueError):
+        needs = "auto_map" in json.loads((p / file).read_text())
+    except (OSError, ValueError, TypeError):
         needs = False
     if needs and not trust:
-        raise UserError(f"model directory '{p}' needs its own Python code (config.json has auto_map); if you "
+        raise UserError(f"model directory '{p}' needs its own Python code ({file} has auto_map); if you "
                         "trust it, pass --trust-remote-code (config key model_load.trust_remote_code)")
     return trust
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
 
 _FIX = "run `rlvr pretrain` to build the default model, or pass a Hugging Face causal-LM directory"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -113,8 +123,7 @@ def load_model(path: str | Path, *, dtype: torch.dtype | None = None, device: st
     try:
         model = AutoModelForCausalLM.from_pretrained(p, **kwargs)
     except Exception as e:  # missing/corrupt weights (safetensors' own errors too), unknown architecture
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"could not load a causal LM from '{p}': {first[:300]}") from e
+        raise UserError(f"could not load a causal LM from '{p}': {_first_line(e)}") from e
     return model.to(device).eval()
 
 
@@ -126,15 +135,17 @@ def load_tokenizer(path: str | Path, *, require_chat_template: bool = True,
     ``require_chat_template=False``, e.g. for pretraining) when it has no chat template.
     """
     p = Path(path)
-    if not p.is_dir():
+    if not p.exists():
         raise UserError(f"model directory '{p}' does not exist; {_FIX}")
+    if not p.is_dir():
+        raise UserError(f"model path '{p}' is a file, not a directory; {_FIX}")
     if not any((p / f).is_file() for f in _TOKENIZER_FILES):
         raise UserError(f"model directory '{p}' has no tokenizer files ({', '.join(_TOKENIZER_FILES)}); save the tokenizer next to the model")
-    trust = bool(options and options.trust_remote_code)
+    trust = _check_remote_code(p, options, "tokenizer_config.json")
     try:
         tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True, **({"trust_remote_code": True} if trust else {}))
-    except (OSError, ValueError) as e:
-        raise UserError(f"could not load the tokenizer from '{p}': {e}") from e
+    except Exception as e:  # corrupt tokenizer.json (the tokenizers library raises plain Exception), bad config
+        raise UserError(f"could not load the tokenizer from '{p}': {_first_line(e)}") from e
     if tokenizer.eos_token_id is None:
         raise UserError(f"the tokenizer in '{p}' has no eos token; set `eos_token` in its tokenizer_config.json")
     if tokenizer.pad_token_id is None:
@@ -148,13 +159,21 @@ def load_tokenizer(path: str | Path, *, require_chat_template: bool = True,
 
 
 def _template_text(value: str) -> str:
-    """A chat template given as a file path or as the template text itself."""
-    if "{" not in value:  # a Jinja template always has a tag or an expression; a path has none
-        path = Path(value)
-        if not path.is_file():
-            raise UserError(f"model_load.chat_template: no file {path}")
-        return path.read_text(encoding="utf-8")
-    return value
+    """A chat template given as a file path or as the template text itself (text when it has a
+    Jinja tag or expression and names no existing file)."""
+    path = Path(value).expanduser()
+    try:
+        is_file = "\n" not in value and path.is_file()
+    except OSError:  # e.g. a long template text is not a valid file name
+        is_file = False
+    if is_file:
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"config key 'model_load.chat_template': cannot read {path}: {_first_line(e)}") from None
+    if "{{" in value or "{%" in value:
+        return value
+    raise UserError(f"config key 'model_load.chat_template': no file {path} (and not a Jinja template text)")
 
 
 def load_model_and_tokenizer(
