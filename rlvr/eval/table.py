@@ -14,7 +14,9 @@ def _pct(stats: dict, k: str) -> str:
 def print_eval(report: dict, console: Console | None = None) -> None:
     console = console or Console()
     ks = [key for key in report["overall"] if key.startswith("pass@") and not key.endswith("_ci95")]
-    table = Table(title=f"eval of {report.get('model', 'the model')}")
+    if report.get("model"):
+        console.print(f"model: {report['model']}")
+    table = Table(title="pass@k by domain, level and tag")
     table.add_column("group")
     table.add_column("tasks", justify="right")
     for k in ks:
