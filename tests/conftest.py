@@ -28,6 +28,21 @@ def tiny_model_dir(tmp_path_factory):
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def sandbox():
+    """A 2-worker sandbox installed for the code verifier for one test module (skips where no
+    strict backend exists); a module may define its own ``sandbox`` instead."""
+    from rlvr.sandbox import Sandbox, choose
+    from rlvr.verifiers.code import use_sandbox
+
+    if not choose("auto").strict:
+        pytest.skip("no strict sandbox backend here")
+    with Sandbox(workers=2) as sb:
+        previous = use_sandbox(sb)
+        yield sb
+        use_sandbox(previous)
+
+
 # --- RLVR_REQUIRE_STRICT_SANDBOX: where a strict sandbox is expected (CI), its absence fails ---
 #
 # The attack suite, the verifier-cheat, code-conformance and tamper tests skip where this machine

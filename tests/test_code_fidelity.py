@@ -21,7 +21,6 @@ from rlvr.tasks.files import load_task_file
 from rlvr.types import Spec, Task
 from rlvr.verifiers import get_verifier
 from rlvr.verifiers.code import tests_with_prompt as with_prompt
-from rlvr.verifiers.code import use_sandbox
 from rlvr.verifiers.code_tests import entry_point_of
 from rlvr.verifiers.code_tests import tests_from_asserts as from_asserts
 
@@ -268,16 +267,6 @@ def test_entry_point_of_picks_the_function_the_asserts_call():
 # ---------------------------------------------------------------- in the sandbox
 
 
-@pytest.fixture(scope="module")
-def sandbox():
-    if not STRICT:
-        pytest.skip("no strict sandbox backend here")
-    from rlvr.sandbox import Sandbox
-
-    with Sandbox(workers=2) as sb:
-        previous = use_sandbox(sb)
-        yield sb
-        use_sandbox(previous)
 
 
 @pytest.fixture(scope="module")

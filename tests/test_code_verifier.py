@@ -199,16 +199,6 @@ def test_malformed_specs_raise_user_errors():
 # ---------------------------------------------------------------- in the sandbox
 
 
-@pytest.fixture(scope="module")
-def sandbox():
-    if not STRICT:
-        pytest.skip("no strict sandbox backend here")
-    from rlvr.sandbox import Sandbox
-
-    with Sandbox(workers=2) as sb:
-        previous = use_sandbox(sb)
-        yield sb
-        use_sandbox(previous)
 
 
 @needs_sandbox

@@ -13,9 +13,8 @@ from pathlib import Path
 
 from rlvr.errors import UserError
 from rlvr.tasks.readers import read_rows
+from rlvr.tasks.rows import ROLES
 from rlvr.types import Message
-
-ROLES = ("system", "user", "assistant", "tool")
 
 
 def check_conversation(messages: object, field: str = "messages") -> tuple[Message, ...]:

@@ -98,7 +98,7 @@ def load_tasks(cfg: TaskFileConfig | str, *, check_solutions: bool = True,
     parsed, problems = parse_file(cfg)
     problems = problems + duplicate_ids(parsed)
     if problems:
-        first = min(problems, key=lambda p: _order(p.where))
+        first = min(problems, key=lambda p: location_order(p.where))
         more = (f" ({len(problems) - 1} more problem(s) in this file; `rlvr tasks validate {cfg.path}` "
                 "lists them)") if len(problems) > 1 else ""
         raise UserError(f"{first}{more}")
@@ -127,7 +127,8 @@ def drop_failing(tasks: list[Task], source: str, warn=print) -> tuple[list[Task]
     return kept, dropped
 
 
-def _order(where: str) -> tuple[str, int]:
+def location_order(where: str) -> tuple[str, int]:
+    """Sort key of a ``FILE:LINE`` / ``FILE:row N`` / ``FILE`` location: file, then line."""
     head, _, tail = where.rpartition(":")
     digits = "".join(ch for ch in tail if ch.isdigit())
     return (head, int(digits)) if head and digits else (where, 0)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import UserError
-from rlvr.tasks.files import Problem, duplicate_ids, parse_file, self_check
+from rlvr.tasks.files import Problem, duplicate_ids, location_order, parse_file, self_check
 from rlvr.tasks.rows import TaskFileConfig, as_file_config, normalised_prompt
 from rlvr.types import Task
 
@@ -42,13 +42,7 @@ def validate(cfg: TaskFileConfig | str, evals: list[TaskFileConfig | str] = (), 
         eval_parsed, eval_problems = parse_file(eval_cfg)
         problems += eval_problems
         problems += overlap_problems(parsed, eval_parsed)
-    return sorted(problems, key=_order)
-
-
-def _order(p: Problem) -> tuple[str, int]:
-    head, _, tail = p.where.rpartition(":")
-    digits = "".join(ch for ch in tail if ch.isdigit())
-    return (head, int(digits)) if head and digits else (p.where, 0)
+    return sorted(problems, key=lambda p: location_order(p.where))
 
 
 def duplicate_prompts(parsed: list[tuple[str, Task]]) -> list[Problem]:
