@@ -75,8 +75,12 @@ class Registry(Generic[T]):
                 if name not in self._entries:
                     self.register(name)(entry)
                 return self._entries[name]
-        choices = [*self.names(), *(hint for _, _, hint in self._resolvers)]
+        choices = [*self.names(), *self.lazy_hints()]
         raise UserError(f"unknown {self.kind} {name!r}; choose one of: {', '.join(choices)}")
+
+    def lazy_hints(self) -> list[str]:
+        """The families made on demand (``lazy``), as their hints."""
+        return [hint for _, _, hint in self._resolvers]
 
     def names(self) -> list[str]:
         return sorted(self._entries)

@@ -55,9 +55,12 @@ def run(args: argparse.Namespace) -> None:
     if args.action == "list":
         from rlvr.tasks.base import DOMAINS
 
+        width = max(map(len, DOMAINS.names()))
         for name in DOMAINS.names():
             d = DOMAINS.get(name)
-            print(f"{name:<14} {d.version}  levels {list(d.levels)}")
+            print(f"{name:<{width}} {d.version}  levels {list(d.levels)}")
+        for hint in DOMAINS.lazy_hints():
+            print(f"{hint}  (made on first use)")
     elif args.action == "show":
         from rlvr.tasks.base import generate_tasks
 
