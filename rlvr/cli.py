@@ -148,6 +148,33 @@ def cmd_train(args) -> None:
     print(f"model: {cfg.out}/final")
 
 
+def cmd_pairs(args) -> None:
+    from rlvr.train.verified_pairs import PairsConfig, run_pairs
+
+    print(json.dumps(run_pairs(_load(PairsConfig, args)), indent=2))
+
+
+def cmd_dpo(args) -> None:
+    from rlvr.config import apply_overrides, from_dict, read_yaml
+    from rlvr.train.dpo import DPOConfig, run_dpo
+
+    overrides = list(args.overrides) + ([f"out={args.out}"] if args.out else [])
+    data = apply_overrides(read_yaml(args.config) if args.config else {}, overrides)
+    for key in ("model", "ref_model"):
+        if getattr(args, key):
+            data[key] = getattr(args, key)
+    if args.pairs:
+        entry = {k: v for k, v in (("system_prompt", args.system_prompt),) if v}
+        if args.map:
+            from rlvr.tasks.rows import parse_map
+
+            entry["map"] = parse_map(args.map)
+        data["pair_files"] = list(data.get("pair_files", [])) + [{"path": p, **entry} for p in args.pairs]
+    cfg = from_dict(DPOConfig, data)
+    print(json.dumps(run_dpo(cfg, resume=args.resume), indent=2))
+    print(f"model: {cfg.out}/final")
+
+
 def cmd_eval(args) -> None:
     from rlvr.config import apply_overrides, from_dict, read_yaml, resolve_device
     from rlvr.eval.evaluate import EvalConfig, evaluate
@@ -217,6 +244,19 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("sft", "train"):
             _task_args(p, eval_files=name == "train", conversations=name == "sft")
         p.set_defaults(fn=fn)
+    p = sub.add_parser("pairs", help="preference pairs from a model's verified rollouts (passed vs failed)")
+    _config_args(p)
+    _task_args(p)
+    p.set_defaults(fn=cmd_pairs)
+    p = sub.add_parser("dpo", help="DPO-family preference training (sigmoid, ipo, robust, simpo) on pairs")
+    _config_args(p, resume=True)
+    p.add_argument("--model", help="Hugging Face causal-LM directory to start from (same as --set model=DIR)")
+    p.add_argument("--ref-model", help="the frozen reference (default: --model)")
+    p.add_argument("--pairs", action="append", default=[], metavar="FILE",
+                   help="preference pairs: JSONL, CSV, Parquet or a datasets directory (repeatable)")
+    p.add_argument("--map", default="", metavar="FIELD=COLUMN,...", help="columns of the pair files, e.g. prompt=question")
+    p.add_argument("--system-prompt", default="", help="system message for prompts that have none")
+    p.set_defaults(fn=cmd_dpo)
     p = sub.add_parser("eval", help="held-out pass@1 / pass@k per domain, level and tag, as JSON and a table")
     p.add_argument("--suite", default="default")
     p.add_argument("--out", default="eval.json")
