@@ -89,3 +89,36 @@ def test_a_leaked_eval_task_stops_the_quickstart_before_any_eval(tmp_path, monke
     with pytest.raises(UserError, match="eval tasks are also trained on"):
         run_quickstart(cfg)
     assert not (tmp_path / "qs" / "eval").exists()
+
+
+def test_the_pipeline_runs_sft_dpo_grpo_and_reports_every_stage(tmp_path, capsys):
+    import textwrap
+
+    from rlvr.config import from_dict
+    from rlvr.train.verified_pairs import PairsConfig
+
+    # a toy prior rarely solves arithmetic, so the pairs come from a format reward anyone can pass sometimes
+    (tmp_path / "digits.py").write_text(textwrap.dedent('''
+        def has_digit(prompts, completions, **columns):
+            return [float(any(ch.isdigit() for ch in c)) for c in completions]
+    '''))
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"question": f"Name a number near {a}."}) + "\n" for a in range(6)))
+    cfg = load_config(QuickstartConfig, None, TOY + [f"out={tmp_path}/pl", "stages=[sft,dpo,grpo]",
+                                                     "dpo.batch_size=4", "dpo.log_every=1"])
+    files = [{"path": str(tmp_path / "t.jsonl"), "map": {"prompt": "question"},
+              "reward": [f"{tmp_path / 'digits.py'}:has_digit"]}]
+    cfg.pairs = from_dict(PairsConfig, {"domains": [], "task_files": files, "samples": 8, "max_new_tokens": 8})
+    report = run_quickstart(cfg)
+    assert {"pairs", "dpo", "eval_dpo"} <= set(report["stage_seconds"])
+    for domain in ("math.arith", "math.word"):
+        assert {"sft_pass@1", "dpo_pass@1", "rl_pass@1"} <= set(report["domains"][domain])
+    out = tmp_path / "pl"
+    assert (out / "pairs.jsonl").is_file() and (out / "dpo" / "final" / "model.safetensors").is_file()
+    assert json.loads((out / "grpo" / "config.yaml").read_text().split("model: ")[1].split("\n")[0].join('""')) \
+        == str(out / "dpo" / "final")
+    assert "SFT + DPO + GRPO" in capsys.readouterr().out
+
+
+def test_stages_are_checked():
+    with pytest.raises(Exception, match="stages"):
+        load_config(QuickstartConfig, None, ["stages=[dpo,sft]"])

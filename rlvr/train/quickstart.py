@@ -1,5 +1,10 @@
 """The quickstart: pretrain (cached) -> SFT -> eval -> GRPO -> eval -> report, on the tiny default.
 
+With ``stages: [sft, dpo, grpo]`` (``configs/pipeline.yaml``) it is the whole post-training
+pipeline: after SFT, ``rlvr pairs`` samples the SFT model on train tasks and pairs its verified
+passes with its failures, DPO trains on those pairs from the SFT model, and GRPO starts from the
+DPO model; every stage's final model is evaluated on the same held-out suite.
+
 Everything lands in one directory (``runs/quickstart``): each stage's run directory, the eval
 JSONs, ``report.json`` (per domain ``sft_pass@1`` and ``rl_pass@1``, wall seconds per stage) and
 PNG plots. The eval tasks come from the eval split and are checked disjoint from every task used
@@ -26,12 +31,14 @@ from rlvr.model.load import load_model_and_tokenizer
 from rlvr.monitor.metrics import read_metrics
 from rlvr.sandbox.config import SandboxConfig, shared_sandbox
 from rlvr.tasks.base import DOMAINS as DOMAIN_REGISTRY
-from rlvr.errors import UserError
+from rlvr.errors import ConfigError, UserError
 from rlvr.tasks.base import generate_tasks, overlap
 from rlvr.tasks.sets import file_tasks
 from rlvr.train.grpo import GRPOConfig, RolloutConfig, run_grpo
 from rlvr.train.pretrain import PretrainConfig, run_pretrain
+from rlvr.train.dpo import DPOConfig, run_dpo
 from rlvr.train.sft import SFTConfig, run_sft
+from rlvr.train.verified_pairs import PairsConfig, run_pairs
 from rlvr.types import Task
 
 DOMAINS = ["math.arith", "math.word", "code.gen"]
@@ -58,7 +65,19 @@ class QuickstartConfig:
     accepts the weak sandbox (with a printed warning) so it runs on any laptop."""
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(
         domains=list(DOMAINS), tasks=600, max_new_tokens=MAX_NEW_TOKENS))
-    """The held-out suite evaluated before and after RL."""
+    """The held-out suite evaluated after every stage."""
+    stages: list[str] = field(default_factory=lambda: ["sft", "grpo"])
+    """The post-training stages after pretraining, in order: [sft, grpo] or [sft, dpo, grpo]
+    (the pipeline: pairs from the SFT model's verified rollouts, then DPO, then GRPO)."""
+    pairs: PairsConfig = field(default_factory=lambda: PairsConfig(
+        domains=["math.arith", "math.word"], train_tasks=1000, samples=8, max_new_tokens=MAX_NEW_TOKENS))
+    """How the DPO stage's pairs are made from the SFT model (its ``model`` and ``out`` are set by the run)."""
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+    """The DPO stage (its ``model``, ``pair_files`` and ``out`` are set by the run)."""
+
+    def __post_init__(self) -> None:
+        if self.stages not in (["sft", "grpo"], ["sft", "dpo", "grpo"]):
+            raise ConfigError(f"config key 'stages' must be [sft, grpo] or [sft, dpo, grpo], got {self.stages}")
 
 
 def _cache_key(cfg: PretrainConfig) -> str:
@@ -116,10 +135,20 @@ def run_quickstart(cfg: QuickstartConfig, *, resume: bool = False, console: Cons
         return report
 
     sft_eval = stage("eval_sft", lambda: run_eval(out / "sft/final", "sft"))
+    stage_evals = {}
+    if "dpo" in cfg.stages:
+        pairs = dataclasses.replace(cfg.pairs, model=str(out / "sft/final"), out=str(out / "pairs.jsonl"))
+        eval_disjointness(training_tasks(pairs), eval_tasks)
+        stage("pairs", lambda: console.print(f"  {run_pairs(pairs)}"))
+        dpo = dataclasses.replace(cfg.dpo, model=str(out / "sft/final"), out=str(out / "dpo"),
+                                  pair_files=[pairs.out])
+        stage("dpo", lambda: run_dpo(dpo, resume=resume))
+        stage_evals["dpo"] = stage("eval_dpo", lambda: run_eval(out / "dpo/final", "dpo"))
+        grpo = dataclasses.replace(grpo, model=str(out / "dpo/final"))
     stage("grpo", lambda: run_grpo(grpo, resume=resume))
     rl_eval = stage("eval_rl", lambda: run_eval(out / "grpo/final", "rl"))
 
-    report = build_report(sft_eval, rl_eval, seconds, len(eval_tasks), disjointness)
+    report = build_report(sft_eval, rl_eval, seconds, len(eval_tasks), disjointness, stage_evals)
     (out / "report.json").write_text(json.dumps(report, indent=2))
     plots.reward_curve(read_metrics(out / "grpo"), out / "plots" / "reward_curve.png")
     plots.before_after(report["domains"], out / "plots" / "eval_before_after.png")
@@ -127,11 +156,11 @@ def run_quickstart(cfg: QuickstartConfig, *, resume: bool = False, console: Cons
     return report
 
 
-def training_tasks(sft: SFTConfig, grpo: GRPOConfig) -> list[Task]:
-    """Every task the SFT and GRPO stages train on (generated train split and their task files)."""
-    tasks = [t for c in (sft, grpo) if c.domains
+def training_tasks(*stages: SFTConfig | GRPOConfig | PairsConfig) -> list[Task]:
+    """Every task the stages train on (generated train split and their task files)."""
+    tasks = [t for c in stages if c.domains
              for t in generate_tasks(c.domains, "train", c.train_tasks, seed=c.seed, levels=c.levels)]
-    tasks += file_tasks(sft.task_files + grpo.task_files, check=False)
+    tasks += file_tasks([f for c in stages for f in c.task_files], check=False)
     return tasks
 
 
@@ -148,15 +177,23 @@ def eval_disjointness(train: list[Task], eval_tasks: list[Task]) -> dict:
             "eval_tasks_seen_in_training": len(leaked)}
 
 
-def build_report(sft_eval: dict, rl_eval: dict, seconds: dict, n_eval: int, disjointness: dict) -> dict:
+def build_report(sft_eval: dict, rl_eval: dict, seconds: dict, n_eval: int, disjointness: dict,
+                 between: dict[str, dict] | None = None) -> dict:
+    """``between``: the evals of stages between SFT and GRPO (``{"dpo": report}``), reported as
+    ``<stage>_pass@1`` beside ``sft_pass@1`` and ``rl_pass@1``."""
+    between = between or {}
     domains = {
-        d: {"sft_pass@1": sft_eval["by_domain"][d]["pass@1"], "rl_pass@1": rl_eval["by_domain"][d]["pass@1"],
+        d: {"sft_pass@1": sft_eval["by_domain"][d]["pass@1"],
+            **{f"{name}_pass@1": ev["by_domain"][d]["pass@1"] for name, ev in between.items()},
+            "rl_pass@1": rl_eval["by_domain"][d]["pass@1"],
             "delta_points": round(100 * (rl_eval["by_domain"][d]["pass@1"] - sft_eval["by_domain"][d]["pass@1"]), 1),
             "n_tasks": sft_eval["by_domain"][d]["n_tasks"]}
         for d in sorted(sft_eval["by_domain"])
     }
     overall = {"sft_pass@1": sft_eval["overall"]["pass@1"], "rl_pass@1": rl_eval["overall"]["pass@1"],
                "sft_pass@1_ci95": sft_eval["overall"]["pass@1_ci95"], "rl_pass@1_ci95": rl_eval["overall"]["pass@1_ci95"]}
+    for name, ev in between.items():
+        overall[f"{name}_pass@1"], overall[f"{name}_pass@1_ci95"] = ev["overall"]["pass@1"], ev["overall"]["pass@1_ci95"]
     overall["delta_points"] = round(100 * (overall["rl_pass@1"] - overall["sft_pass@1"]), 1)
     return {
         "eval": {"split": "eval", "tasks": n_eval, "decoding": "greedy", **disjointness},
@@ -171,14 +208,19 @@ def build_report(sft_eval: dict, rl_eval: dict, seconds: dict, n_eval: int, disj
 
 def print_table(console: Console, report: dict, out: Path) -> None:
     table = Table(title="held-out pass@1 (greedy)")
-    for col in ("domain", "tasks", "SFT", "SFT + GRPO", "change"):
+    dpo = "dpo_pass@1" in report["overall"]
+    columns = ("domain", "tasks", "SFT", *(("SFT + DPO",) if dpo else ()),
+               "SFT + DPO + GRPO" if dpo else "SFT + GRPO", "change")
+    for col in columns:
         table.add_column(col, justify="right" if col != "domain" else "left")
+
+    def row(name: str, n: int, r: dict, **style) -> None:
+        cells = [f"{100 * r[k]:.1f}%" for k in ("sft_pass@1", *(("dpo_pass@1",) if dpo else ()), "rl_pass@1")]
+        table.add_row(name, str(n), *cells, f"{r['delta_points']:+.1f} pts", **style)
+
     for d, r in report["domains"].items():
-        table.add_row(d, str(r["n_tasks"]), f"{100 * r['sft_pass@1']:.1f}%", f"{100 * r['rl_pass@1']:.1f}%",
-                      f"{r['delta_points']:+.1f} pts")
-    o = report["overall"]
-    table.add_row("all", str(report["eval"]["tasks"]), f"{100 * o['sft_pass@1']:.1f}%", f"{100 * o['rl_pass@1']:.1f}%",
-                  f"{o['delta_points']:+.1f} pts", style="bold")
+        row(d, r["n_tasks"], r)
+    row("all", report["eval"]["tasks"], report["overall"], style="bold")
     console.print(table)
     stages = "  ".join(f"{k} {v:.0f}s" for k, v in report["stage_seconds"].items())
     console.print(f"wall time: {stages}  (total {report['total_seconds']:.0f}s)")
