@@ -146,7 +146,7 @@ def verdict(passed: bool) -> Verdict:
 
 def test_pairs_of_a_task_prefer_short_correct_answers_and_skip_ties_duplicates_and_empties():
     long_ok, short_ok = (traj("the answer is 12", 6), verdict(True)), (traj("12", 2), verdict(True))
-    wrong, wrong_again = (traj("13", 2), verdict(False)), (traj("13", 2), verdict(False))
+    wrong, wrong_again = (traj("13", 2), verdict(False)), (traj(" 13\n", 3), verdict(False))
     empty = (traj("  ", 1), verdict(False))
     rng = random.Random(0)
     pairs = pairs_of_task(None, [long_ok, wrong, short_ok, wrong_again, empty], 5, True, rng)

@@ -25,7 +25,7 @@ from rlvr.errors import UserError
 from rlvr.model.load import ModelLoadConfig, load_model_and_tokenizer
 from rlvr.rollout.collect import collect
 from rlvr.rollout.engine import SamplingParams
-from rlvr.tasks.pairs import PreferencePair, write_pairs
+from rlvr.tasks.pairs import PreferencePair, pair_problem, write_pairs
 from rlvr.tasks.rows import TaskFileConfig, as_file_config
 from rlvr.tasks.sets import build_task_set, needs_sandbox
 from rlvr.tasks.validate import refuse_eval_tasks
@@ -87,7 +87,7 @@ def pairs_of_task(task: Task, samples: list[tuple[Trajectory, Verdict]], k: int,
     """Up to ``k`` (passed, failed) sample pairs of one task; none when all passed or all failed."""
     seen: set[str] = set()
     unique = [s for s in samples if s[0].completion.strip()  # an empty response is no answer to prefer
-              and not (s[0].completion in seen or seen.add(s[0].completion))]
+              and not (s[0].completion.strip() in seen or seen.add(s[0].completion.strip()))]
     passed = [s for s in unique if s[1].passed]
     failed = [s for s in unique if not s[1].passed]
     if not passed or not failed:
@@ -145,9 +145,11 @@ def run_pairs(cfg: PairsConfig) -> dict:
     model, tokenizer = load_model_and_tokenizer(cfg.model, device=device, options=cfg.model_load)
     model.eval()
     pairs, counts = build_pairs(cfg, model, tokenizer, tasks)
-    if not pairs:
+    writable = [p for p in pairs if pair_problem(p) is None]  # a pair that would not read back is left out
+    counts["dropped_unwritable"] = len(pairs) - len(writable)
+    if not writable:
         raise UserError(f"pairs: no task had both a passing and a failing sample among {cfg.samples} "
                         f"({counts['all_passed']} all passed, {counts['all_failed']} all failed); "
                         "raise --set samples or temperature, or pick harder/easier levels")
-    write_pairs(Path(cfg.out), pairs)
-    return {"pairs": len(pairs), **counts, "out": cfg.out}
+    write_pairs(Path(cfg.out), writable)
+    return {"pairs": len(writable), **counts, "out": cfg.out}
