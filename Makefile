@@ -7,7 +7,7 @@ SYSTEM_PACKAGES := bubblewrap libseccomp2
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow test-all test-compat bench bench-trl bench-gpu check-sandbox clean
+.PHONY: setup demo test test-slow test-all test-compat bench bench-trl bench-dpo-trl bench-gpu check-sandbox clean
 
 setup: $(VENV)/.installed
 
@@ -74,6 +74,10 @@ $(TRL_VENV)/.installed: pyproject.toml Makefile
 bench-trl: $(TRL_VENV)/.installed
 	$(TRL_VENV)/bin/python benchmarks/grpo_step_vs_trl.py --size small --json runs/bench/grpo_step_vs_trl_small.json
 	$(TRL_VENV)/bin/python benchmarks/grpo_step_vs_trl.py --size medium --json runs/bench/grpo_step_vs_trl_medium.json
+
+# Preference losses (sigmoid/cDPO, robust, ipo, simpo) vs TRL's DPOTrainer and CPOTrainer, same ids; exits 1 above 1e-5.
+bench-dpo-trl: $(TRL_VENV)/.installed
+	$(TRL_VENV)/bin/python benchmarks/dpo_vs_trl.py --json runs/bench/dpo_vs_trl.json
 
 # The GPU check of issue 6 (engine + GRPO step on CUDA in bf16, ~150M model). On a GPU machine
 # install a CUDA build of torch: `make bench-gpu TORCH_SPEC=torch` (a fresh venv, or VENV=...).

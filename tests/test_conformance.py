@@ -22,6 +22,10 @@ function that raises ``AssertionError`` naming what is wrong:
   dtypes of the registry signature, finite outputs, gradients where they belong, and an invariant
   (a constant-reward group has advantage 0; KL of identical log-probs is 0 and its expectation is
   the true KL; masked tokens do not count; micro-batches sum to the batch).
+- ``check_preference_loss``: per-pair outputs of the registry signature, finite, detached rewards,
+  gradients to both policy log-probs pointing towards the chosen response; pairs are independent;
+  swapping chosen and rejected swaps the rewards; a loss that needs the reference depends on
+  log-ratios only, and one that does not ignores whatever reference it is given.
 
 A deliberately broken domain (its reference fails) and environment (it raises on a malformed call),
 registered with ``Registry.temporary``, make the checks fail (tested at the end), and their healthy
@@ -53,6 +57,7 @@ import rlvr.verifiers  # noqa: F401
 from rlvr.algos.advantages import ADVANTAGES
 from rlvr.algos.kl import KL_ESTIMATORS
 from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES
+from rlvr.algos.preference import PREFERENCE_LOSSES
 from rlvr.envs.base import (BUDGET_FINISHES, ENVS, NATURAL_FINISHES, EnvConfig, Environment, Step, ToolEnv,
                             make_env, play)
 from rlvr.envs.tools import MAX_RESULT_CHARS, Tool
@@ -751,10 +756,63 @@ def check_kl(name: str) -> None:
         assert abs(expected - true_kl) <= 0.1 * true_kl, f"{name}: E_pi[estimate] = {expected}, KL = {true_kl}"
 
 
+def check_preference_loss(name: str) -> None:
+    fn = PREFERENCE_LOSSES.get(name)
+    B = 6
+    g = torch.Generator().manual_seed(0)
+    lengths = (torch.randint(1, 30, (B,), generator=g), torch.randint(1, 30, (B,), generator=g))
+    for dtype in (torch.float32, torch.float64):
+        ref = [-torch.rand(B, generator=g, dtype=dtype) * 2 * n for n in lengths]
+        pol = [r + torch.randn(B, generator=g, dtype=dtype) for r in ref]
+
+        def run(c, r, rc, rr, lc=lengths[0], lr=lengths[1]):
+            return fn(c, r, rc, rr, beta=0.3, label_smoothing=0.0, chosen_lengths=lc, rejected_lengths=lr, gamma=0.0)
+
+        c, r = (x.clone().requires_grad_(True) for x in pol)
+        out = run(c, r, *ref)
+        assert isinstance(out, tuple) and len(out) == 3, f"{name}: returns {type(out).__name__}, not 3 tensors"
+        loss, chosen_rewards, rejected_rewards = out
+        for what, t in zip(("loss", "chosen rewards", "rejected rewards"), out):
+            assert isinstance(t, torch.Tensor) and t.shape == (B,) and t.dtype == dtype, f"{name} {what}: {t!r}"
+            _finite(t, f"{name} {what}")
+        assert not chosen_rewards.requires_grad and not rejected_rewards.requires_grad, f"{name}: rewards need grad"
+        loss.sum().backward()
+        for what, x in (("chosen", c), ("rejected", r)):
+            _finite(x.grad, f"{name} gradient to the {what} log-probs")
+        # at a tie (policy = reference, the same per-token log-prob in both responses) descent raises the
+        # chosen response's log-prob and lowers the rejected one's
+        tie = [-2.0 * n.to(dtype) for n in lengths]
+        tc, tr = (x.clone().requires_grad_(True) for x in tie)
+        run(tc, tr, *tie)[0].sum().backward()
+        assert torch.all(tc.grad < 0) and torch.all(tr.grad > 0), f"{name}: at a tie d/dc {tc.grad}, d/dr {tr.grad}"
+
+        with torch.no_grad():
+            perm = torch.randperm(B, generator=g)
+            permuted = fn(pol[0][perm], pol[1][perm], ref[0][perm], ref[1][perm], beta=0.3,
+                          chosen_lengths=lengths[0][perm], rejected_lengths=lengths[1][perm])
+            assert all(torch.allclose(a, b[perm]) for a, b in zip(permuted, out)), f"{name}: depends on the pair order"
+            head = run(pol[0][:2], pol[1][:2], ref[0][:2], ref[1][:2], lengths[0][:2], lengths[1][:2])
+            assert all(torch.allclose(a, b[:2]) for a, b in zip(head, out)), f"{name}: pairs are not independent"
+            swapped = run(pol[1], pol[0], ref[1], ref[0], lengths[1], lengths[0])
+            assert torch.allclose(swapped[1], rejected_rewards) and torch.allclose(swapped[2], chosen_rewards), (
+                f"{name}: swapping chosen and rejected does not swap the rewards")
+            try:
+                run(pol[0], pol[1], None, None)
+            except ValueError:  # needs the reference: only the log-ratios count
+                k = torch.tensor([5.0, -3.0, 0.5, 40.0, -40.0, 1.0], dtype=dtype)
+                moved = run(pol[0] + k, pol[1] - k, ref[0] + k, ref[1] - k)
+                assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(moved, out)), (
+                    f"{name}: shifting a response's policy and reference log-probs equally changes the output")
+            else:  # reference-free: any reference gives the same output
+                for refs in ((None, None), (ref[0] + 100.0, ref[1] - 7.0)):
+                    other = run(pol[0], pol[1], *refs)
+                    assert all(torch.equal(a, b) for a, b in zip(other, out)), f"{name}: reads the reference {refs}"
+
+
 # ---------------------------------------------------------------- the registries and their tests
 
 
-CHECKED = [DOMAINS, VERIFIERS, ENVS, ADVANTAGES, POLICY_LOSSES, AGGREGATIONS, KL_ESTIMATORS]
+CHECKED = [DOMAINS, VERIFIERS, ENVS, ADVANTAGES, POLICY_LOSSES, AGGREGATIONS, KL_ESTIMATORS, PREFERENCE_LOSSES]
 
 
 def rlvr_registries() -> dict[int, tuple[str, Registry]]:
@@ -836,6 +894,11 @@ def test_loss_aggregation_conforms(name):
 @pytest.mark.parametrize("name", KL_ESTIMATORS.names())
 def test_kl_estimator_conforms(name):
     check_kl(name)
+
+
+@pytest.mark.parametrize("name", PREFERENCE_LOSSES.names())
+def test_preference_loss_conforms(name):
+    check_preference_loss(name)
 
 
 # ---------------------------------------------------------------- Registry.temporary
