@@ -6,23 +6,27 @@
 - ``kl``: ``KL_ESTIMATORS`` (k1, k2, k3).
 - ``penalties``: ``overlong_penalty`` (DAPO), ``truncated_is_weights`` (async off-policy).
 - ``passk``: unbiased pass@k and confidence intervals.
+- ``preference``: ``PREFERENCE_LOSSES`` (sigmoid/cDPO, robust, ipo, simpo), ``sequence_logps``,
+  ``preference_metrics``.
 
 No I/O, no model calls, no config objects: the trainer reads its config and passes plain values.
 Importing this package populates the registries.
 """
 
-from rlvr.algos import advantages, kl, losses, passk, penalties
+from rlvr.algos import advantages, kl, losses, passk, penalties, preference
 from rlvr.algos.advantages import ADVANTAGES, group_has_variance
 from rlvr.algos.kl import KL_ESTIMATORS
 from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES, sft_loss, token_logprobs
 from rlvr.algos.passk import confidence_interval, mean_pass_at_k, pass_at_k, wilson_interval
 from rlvr.algos.penalties import overlong_penalty, truncated_is_weights
+from rlvr.algos.preference import PREFERENCE_LOSSES
 
 __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
+    "PREFERENCE_LOSSES",
     "advantages",
     "confidence_interval",
     "group_has_variance",
@@ -33,6 +37,7 @@ __all__ = [
     "pass_at_k",
     "passk",
     "penalties",
+    "preference",
     "sft_loss",
     "token_logprobs",
     "truncated_is_weights",
