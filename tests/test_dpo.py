@@ -182,3 +182,14 @@ def test_pairs_command_then_dpo_from_the_command_line(tiny_model_dir, tmp_path, 
                  "--set", "batch_size=2", "--set", "log_every=1"]) == 0
     assert (tmp_path / "run/final/model.safetensors").is_file()
     assert all("train/rewards/accuracy" in m for m in read_metrics(tmp_path / "run"))
+
+
+def test_rpo_alpha_adds_the_chosen_token_nll(tiny_model_dir, tmp_path):
+    import math
+
+    pairs = arithmetic_pairs(tmp_path / "pairs.jsonl", n=8)
+    dpo.run_dpo(config(tiny_model_dir, pairs, tmp_path / "run", rpo_alpha=0.5, epochs=1), progress=False)
+    first = read_metrics(tmp_path / "run")[0]
+    # at step 1 the policy is the reference: DPO's loss is log 2 for every pair
+    assert first["train/nll/chosen"] > 0
+    assert abs(first["train/loss"] - (math.log(2) + 0.5 * first["train/nll/chosen"])) < 1e-5

@@ -70,6 +70,10 @@ class DPOConfig:
     """Assumed share of flipped labels: conservative DPO (sigmoid) and robust DPO (robust)."""
     simpo_gamma: float = 0.5
     """SimPO's target reward margin (gamma)."""
+    rpo_alpha: float = 0.0
+    """Weight of the chosen responses' token-mean NLL added to the loss (RPO, Pang et al. 2024,
+    "Iterative Reasoning Preference Optimization"; TRL's ``rpo_alpha``): keeps the likelihood of the
+    verified answers from falling with the rejected ones'. 0 = off."""
     epochs: float = 1.0
     """Passes over the pairs (may be fractional); the steps are ceil(epochs * pairs / batch_size)."""
     batch_size: int = 16
@@ -91,6 +95,8 @@ class DPOConfig:
             raise ConfigError(f"dpo.beta must be > 0, got {self.beta}")
         if not 0 <= self.label_smoothing < 0.5:
             raise ConfigError(f"dpo.label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
+        if self.rpo_alpha < 0:
+            raise ConfigError(f"dpo.rpo_alpha must be >= 0, got {self.rpo_alpha}")
         if self.loss == "ipo" and self.label_smoothing:
             raise ConfigError("dpo.label_smoothing has no effect on loss 'ipo'; leave it 0 (it applies to sigmoid, robust, simpo)")
         if self.epochs <= 0:
@@ -227,12 +233,14 @@ def run_dpo(cfg: DPOConfig, *, resume: bool = False, progress: bool = True) -> d
                 chosen, rejected, ref_c, ref_r, beta=cfg.beta, label_smoothing=cfg.label_smoothing,
                 chosen_lengths=chosen_len, rejected_lengths=rejected_len,
                 gamma=cfg.simpo_gamma if cfg.loss == "simpo" else 0.0)
-            loss = losses.mean()
+            nll = -chosen.sum() / chosen_len.sum().clamp(min=1)  # token mean over the batch's chosen responses
+            loss = losses.mean() + cfg.rpo_alpha * nll if cfg.rpo_alpha else losses.mean()
             loss.backward()
             grad_norm = clip_and_step(model, opt, sched, cfg.optim.grad_clip)
             metrics = {"train/loss": loss.item(), "train/grad_norm": grad_norm, "train/lr": sched.get_last_lr()[0],
                        **{f"train/{k}": v for k, v in preference_metrics(chosen_rewards, rejected_rewards).items()},
-                       "train/logps/chosen": chosen.mean().item(), "train/logps/rejected": rejected.mean().item()}
+                       "train/logps/chosen": chosen.mean().item(), "train/logps/rejected": rejected.mean().item(),
+                       "train/nll/chosen": nll.item()}
             if step % cfg.log_every == 0 or step == steps:
                 logger.log(step, metrics)
             if step % cfg.checkpoint_every == 0 and step < steps:
