@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import importlib.util
 import io
 import json
 import random
@@ -260,14 +259,7 @@ def _resolve(name: str) -> ReasoningGymDomain:
     return domain
 
 
-def _installed() -> bool:
-    try:
-        return importlib.util.find_spec("reasoning_gym") is not None  # finds it, does not import it
-    except (ImportError, ValueError):
-        return False
-
-
 DOMAINS.lazy(PREFIX, _resolve, f"{PREFIX}<reasoning-gym dataset>")
-if _installed():
+if _verifier().available():  # finds the package without importing it
     for _dataset in DEFAULT_DATASETS:
         DOMAINS.register(PREFIX + _dataset)(ReasoningGymDomain(_dataset))
