@@ -1,14 +1,16 @@
 """Task pool: cycles through a fixed set of training tasks in seeded, reshuffled epochs.
 
-The simplest curriculum: uniform over the pool. Its state (order, cursor, epoch) is part of every
-checkpoint so a resumed run draws exactly the tasks an uninterrupted one would.
+The simplest curriculum: uniform over the pool, learning nothing from the batches (``observe``,
+``on_eval`` and ``metrics`` do nothing; ``rlvr.curriculum.scheduler.Curriculum`` is the one that
+does). Its state (order, cursor, epoch) is part of every checkpoint so a resumed run draws exactly
+the tasks an uninterrupted one would.
 """
 
 from __future__ import annotations
 
 import random
 
-from rlvr.types import Task
+from rlvr.types import Scored, Task
 
 
 class TaskPool:
@@ -26,7 +28,7 @@ class TaskPool:
         random.Random(f"{self.seed}:{epoch}").shuffle(order)
         return order
 
-    def next(self, n: int) -> list[Task]:
+    def next(self, n: int, step: int = 0) -> list[Task]:
         out = []
         while len(out) < n:
             if self.cursor == len(self.order):
@@ -35,6 +37,15 @@ class TaskPool:
             out.append(self.tasks[self.order[self.cursor]])
             self.cursor += 1
         return out
+
+    def observe(self, scored: list[Scored], step: int = 0) -> None:
+        """Uniform sampling ignores outcomes."""
+
+    def on_eval(self, step: int, by_domain: dict[str, dict]) -> list[dict]:
+        return []
+
+    def metrics(self) -> dict[str, float]:
+        return {}
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "cursor": self.cursor}

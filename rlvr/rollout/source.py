@@ -38,6 +38,7 @@ class RolloutBatch:
     mismatch_kl: float | None   # sampling log-probs vs a full forward at the same weights, when the
                                 # producer measured it (an engine copy); None: the trainer measures it
     timings: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, float] = field(default_factory=dict)  # what the producer counted (dynamic sampling rounds, ...)
 
 
 class RolloutSource(Protocol):

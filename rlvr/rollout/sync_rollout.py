@@ -4,43 +4,83 @@ The default ``RolloutSource`` (``rlvr.rollout.source``): one phase after the oth
 caller's thread. The trainer's phase function generates with the trainer's own model (so
 ``push`` has nothing to copy) and the run's one random generator, which makes a run with a fixed
 seed repeat exactly.
+
+Dynamic sampling (``refill_rounds`` > 0, the curriculum's ``filter.refill_rounds``): groups whose
+rewards are all equal carry no signal; for each of them another task is drawn, generated and
+verified, up to ``refill_rounds`` more times, so the update sees ``tasks_per_step`` groups with
+signal whenever the pool has them. Every round's batch goes to the pool's ``observe``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections import defaultdict
 from collections.abc import Callable
 
 import torch
 
+from rlvr.algos.advantages import group_has_variance
 from rlvr.rollout.source import RolloutBatch
+from rlvr.types import Scored, Task
 
 
 class SyncRollout:
     """``generate(tasks, version) -> episodes`` and ``verify(tasks, episodes) -> scored`` are the
     trainer's phase functions; ``pool`` is the task pool (curriculum) the batches are drawn from."""
 
-    def __init__(self, *, pool, tasks_per_step: int, generate: Callable, verify: Callable) -> None:
+    def __init__(self, *, pool, tasks_per_step: int, generate: Callable, verify: Callable,
+                 refill_rounds: int = 0) -> None:
         self.pool, self.tasks_per_step = pool, tasks_per_step
         self.generate_fn, self.verify_fn = generate, verify
+        self.refill_rounds = refill_rounds
 
     def next(self, trainer_version: int) -> RolloutBatch:
-        t0 = time.perf_counter()
-        tasks = self.pool.next(self.tasks_per_step)
+        timings: dict[str, float] = defaultdict(float)
+        tasks: list[Task] = []
+        scored: list[Scored] = []
+        wanted, rounds, drawn_groups = self.tasks_per_step, 0, 0
+        while wanted and rounds <= self.refill_rounds:
+            t0 = time.perf_counter()
+            more = self.pool.next(wanted, step=trainer_version)
+            t1 = time.perf_counter()
+            episodes = self.generate_fn(more, trainer_version)
+            t2 = time.perf_counter()
+            new = self.verify_fn(more, episodes)
+            self.pool.observe(new, step=trainer_version)
+            t3 = time.perf_counter()
+            for k, v in (("time/curriculum", t1 - t0), ("time/rollout", t2 - t1), ("time/verify", t3 - t2)):
+                timings[k] += v
+            scored += [_regroup(s, len(tasks)) for s in new]
+            tasks += more
+            rounds, drawn_groups = rounds + 1, drawn_groups + len(more)
+            wanted = self.tasks_per_step - signal_groups(scored)
+        counts = {"curriculum/rounds": float(rounds),
+                  "curriculum/zero_variance_frac": 1.0 - signal_groups(scored) / drawn_groups} if self.refill_rounds else {}
         pool_state = dict(self.pool.state_dict())
-        t1 = time.perf_counter()
-        episodes = self.generate_fn(tasks, trainer_version)
-        t2 = time.perf_counter()
-        scored = self.verify_fn(tasks, episodes)
-        t3 = time.perf_counter()
-        timings = {"time/curriculum": t1 - t0, "time/rollout": t2 - t1, "time/verify": t3 - t2}
-        return RolloutBatch(trainer_version, tasks, scored, trainer_version, pool_state, None, timings)
+        return RolloutBatch(trainer_version, tasks, scored, trainer_version, pool_state, None, dict(timings), counts)
 
     def push(self, model: torch.nn.Module, version: int) -> None:
         """Nothing to copy: the trainer updates the model the phase function generates with."""
 
     def metrics(self, batch: RolloutBatch, trainer_version: int) -> dict[str, float]:
-        return dict(batch.timings)
+        return {**batch.timings, **batch.counts, **self.pool.metrics()}
 
     def close(self) -> None:
         """Nothing runs in the background; the environments belong to the caller."""
+
+
+def signal_groups(scored: list[Scored]) -> int:
+    """Groups (``trajectory.group_id``) whose rewards are not all equal (``group_has_variance``)."""
+    if not scored:
+        return 0
+    groups = torch.tensor([s.trajectory.group_id for s in scored], dtype=torch.long)
+    keep = group_has_variance(torch.tensor([s.reward for s in scored], dtype=torch.float32), groups)
+    return len(set(groups[keep].tolist()))
+
+
+def _regroup(s: Scored, offset: int) -> Scored:
+    """``s`` with its group id shifted past the groups of earlier rounds."""
+    if not offset:
+        return s
+    return dataclasses.replace(s, trajectory=dataclasses.replace(s.trajectory, group_id=s.trajectory.group_id + offset))

@@ -39,7 +39,10 @@ from rlvr.algos.kl import KL_ESTIMATORS, logprob_mismatch_kl
 from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES
 from rlvr.algos.off_policy import correct_off_policy
 from rlvr.config import check_choice, check_device, check_range, resolve_device
+from rlvr.curriculum.config import CurriculumConfig
+from rlvr.curriculum.plots import curriculum_plot
 from rlvr.curriculum.pool import TaskPool
+from rlvr.curriculum.scheduler import Curriculum
 from rlvr.errors import ConfigError
 from rlvr.eval.evaluate import EvalConfig, evaluate
 from rlvr.model.checkpoint import (
@@ -49,7 +52,8 @@ from rlvr.model.checkpoint import (
     save_model_dir,
 )
 from rlvr.model.load import ModelLoadConfig, load_model_and_tokenizer
-from rlvr.monitor.metrics import MetricsLogger
+from rlvr.monitor.alerts import AlertLog, read_alerts
+from rlvr.monitor.metrics import MetricsLogger, read_metrics
 from rlvr.rewards import RewardConfig, score_all
 from rlvr.envs.base import EnvConfig
 from rlvr.rollout.async_rollout import AsyncConfig, AsyncRollout, parity_kl
@@ -214,6 +218,10 @@ class GRPOConfig:
     """Write the first groups of a step to trajectories/step_N.jsonl every this many steps."""
     asynchronous: AsyncConfig = field(default_factory=AsyncConfig)
     """Asynchronous mode: generation, verification and updates overlap (docs/async.md)."""
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    """Which tasks each step draws: uniform over the pool (default) or the scheduler (domain mix,
+    easy-to-hard stages, filtering and dynamic sampling, recycling, seesaw control;
+    docs/curriculum.md)."""
 
     def __post_init__(self) -> None:
         check_device("device", self.device)
@@ -227,6 +235,10 @@ class GRPOConfig:
             check_range(f"domain_weights.{name}", w, 0.0)
         if self.domain_weights and not any(self.domain_weights.get(d, 1.0) > 0 for d in self.domains):
             raise ConfigError("config key 'domain_weights': every training domain weighs 0")
+        if self.curriculum.enabled and self.asynchronous.enabled:
+            raise ConfigError("config keys 'curriculum.enabled' and 'asynchronous.enabled' cannot both be true: "
+                              "the scheduler learns from each batch before drawing the next, which the "
+                              "asynchronous producer (drawing ahead) does not allow")
 
 
 # --------------------------------------------------------------------------- the story
@@ -267,6 +279,9 @@ def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) ->
     if run.envs is not None:
         run.envs.close()
     save_model_dir(run.dir / "final", run.model, run.tokenizer)
+    if cfg.curriculum.enabled:
+        (run.dir / "curriculum.json").write_text(json.dumps(run.pool.state_dict()["events"], indent=1))
+        curriculum_plot(read_metrics(run.dir), run.dir / "plots" / "curriculum.png", read_alerts(run.dir))
     out = {"steps": cfg.steps, "seconds": time.perf_counter() - run.started}
     if cfg.eval.task_files:  # the user's held-out file: the final model's report
         report = eval_report(run, cfg, run.dir / "eval" / "final.json")
@@ -288,7 +303,7 @@ class Run:
     ref_model: torch.nn.Module | None
     optimizer: torch.optim.Optimizer
     scheduler: object
-    pool: TaskPool
+    pool: TaskPool | Curriculum
     generator: torch.Generator
     logger: MetricsLogger
     step: int
@@ -297,6 +312,7 @@ class Run:
     envs: EnvPool | None = None  # environment instances of multi-turn tasks, reused step to step
     pool_state: dict | None = None  # async: pool state after the newest trained batch's draw
     eval_tasks: list[Task] = field(default_factory=list)  # the periodic eval suite, built once
+    alerts: AlertLog | None = None  # alerts.jsonl (seesaw control)
 
 
 def setup(cfg: GRPOConfig, resume: bool) -> Run:
@@ -323,7 +339,7 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     updates_per_step = cfg.algo.ppo_epochs * math.ceil(per_step / (cfg.algo.minibatch_size or per_step))
     optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.steps * updates_per_step)
     envs = EnvPool(cfg.env, sandbox) if any(t.multi_turn for t in tasks) else None
-    pool = TaskPool(tasks, seed=cfg.seed)
+    pool = Curriculum(tasks, cfg.curriculum, cfg.seed) if cfg.curriculum.enabled else TaskPool(tasks, seed=cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
     step = 0
     if ckpt is not None:
@@ -331,8 +347,9 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
         pool.load_state_dict(state["pool"])
         step = state["step"]
     logger = MetricsLogger(run_dir, resume_step=step if resume else None)
+    alerts = AlertLog(run_dir, resume_step=step if resume else None)
     return Run(cfg, run_dir, model, tokenizer, ref_model, optimizer, scheduler, pool, generator, logger, step,
-               time.perf_counter(), sandbox, envs, eval_tasks=eval_tasks)
+               time.perf_counter(), sandbox, envs, eval_tasks=eval_tasks, alerts=alerts)
 
 
 def eval_task_set(cfg: GRPOConfig) -> list[Task]:
@@ -368,7 +385,9 @@ def rollout_source(run: Run, cfg: GRPOConfig) -> RolloutSource:
     verify = lambda tasks, episodes: verify_and_reward(tasks, episodes, cfg)  # noqa: E731
     common = dict(pool=run.pool, tasks_per_step=cfg.rollout.tasks_per_step, verify=verify)
     if not cfg.asynchronous.enabled:
-        return SyncRollout(generate=lambda tasks, version: rollout(run, tasks, version), **common)
+        c = cfg.curriculum
+        refill = c.filter.refill_rounds if c.enabled and c.filter.enabled else 0
+        return SyncRollout(generate=lambda tasks, version: rollout(run, tasks, version), refill_rounds=refill, **common)
     # its own tokenizer: a fast tokenizer is not safe to share across threads
     return AsyncRollout(
         run.model, cfg.asynchronous, generate=generation(run, copy.deepcopy(run.tokenizer)), start=run.step,
@@ -575,6 +594,10 @@ def periodic_eval(run: Run, cfg: GRPOConfig, step: int) -> dict:
     out = {"eval/pass@1": report["overall"]["pass@1"]}
     for domain, stats in report["by_domain"].items():
         out[f"eval/pass@1/{domain}"] = stats["pass@1"]
+    for alert in run.pool.on_eval(step, report["by_domain"]):  # seesaw control (the curriculum)
+        run.alerts.write(alert)
+    if not cfg.asynchronous.enabled:  # the checkpoint keeps what the eval changed
+        run.pool_state = run.pool.state_dict()
     return out
 
 
