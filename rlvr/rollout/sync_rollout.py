@@ -55,7 +55,7 @@ class SyncRollout:
             tasks += more
             rounds, drawn_groups = rounds + 1, drawn_groups + len(more)
             wanted = self.tasks_per_step - signal_groups(scored)
-        counts = {"curriculum/rounds": float(rounds),
+        counts = {"curriculum/rounds": float(rounds), "curriculum/groups_drawn": float(drawn_groups),
                   "curriculum/zero_variance_frac": 1.0 - signal_groups(scored) / drawn_groups} if self.refill_rounds else {}
         pool_state = dict(self.pool.state_dict())
         return RolloutBatch(trainer_version, tasks, scored, trainer_version, pool_state, None, dict(timings), counts)
