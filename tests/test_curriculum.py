@@ -319,8 +319,9 @@ def test_killed_grpo_run_with_the_curriculum_resumes_the_same_task_sequence(tiny
     assert "curriculum/weight/test.ldigits" in a[-1] and "curriculum/rounds" in a[-1]
     assert read_alerts(tmp_path / "straight") == read_alerts(tmp_path / "crashed")
     assert (tmp_path / "straight" / "plots" / "curriculum.png").exists()
-    events = json.loads((tmp_path / "straight" / "curriculum.json").read_text())
-    assert any(e["event"] == "promote" for e in events)
+    report = json.loads((tmp_path / "straight" / "curriculum.json").read_text())
+    assert any(e["event"] == "promote" for e in report["events"])
+    assert sum(t["samples"] for t in report["tasks"]) == sum(len(ids) * 4 for _, ids in drawn["straight"])
 
 
 def test_curriculum_with_asynchronous_mode_is_refused(tiny_model_dir, tmp_path):

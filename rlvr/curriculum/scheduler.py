@@ -61,6 +61,7 @@ class Curriculum:
         self.windows: dict[str, list[int]] = {b: [] for b in self.buckets}
         self.status: dict[str, str] = {}  # task index -> solved | unsolved (absent: active)
         self.streak: dict[str, int] = {}
+        self.tally: dict[str, list[int]] = {}  # task index -> [samples, passes] over the run
         self.retries: dict[str, int] = {}
         self.queue: list[list[int]] = []  # [due step, task index], failed tasks waiting for a retry
         self.factor = {g: 1.0 for g in self.groups}
@@ -170,6 +171,8 @@ class Curriculum:
         touched = set()
         for idx, passes in by_task.items():
             task = self.tasks[idx]
+            n, k = self.tally.get(str(idx), [0, 0])
+            self.tally[str(idx)] = [n + len(passes), k + sum(passes)]
             bucket = _bucket(task.domain, task.level)
             self.windows[bucket] = (self.windows[bucket] + passes)[-self.cfg.stages.window:]
             touched.add(task.domain)
@@ -233,6 +236,15 @@ class Curriculum:
                 self.events.append({"step": step, "event": "seesaw", "group": group, "factor": self.factor[group]})
         return alerts
 
+    def task_report(self) -> list[dict]:
+        """Every task drawn so far: id, domain, level, samples, passes, status (the per-task pass rates)."""
+        out = []
+        for key, (n, k) in sorted(self.tally.items(), key=lambda kv: int(kv[0])):
+            t = self.tasks[int(key)]
+            out.append({"id": t.id, "domain": t.domain, "level": t.level, "samples": n, "passes": k,
+                        "status": self.status.get(key, ACTIVE)})
+        return out
+
     def metrics(self) -> dict[str, float]:
         out = {f"curriculum/weight/{g}": w for g, w in self.weights().items()}
         out.update({f"curriculum/frontier/{d}": float(lv) for d, lv in self.frontier.items()})
@@ -250,7 +262,7 @@ class Curriculum:
         return {"draws": self.draws, "step": self.step, "frontier": dict(self.frontier),
                 "cursors": {b: list(c) for b, c in self.cursors.items()},
                 "windows": {b: list(w) for b, w in self.windows.items()}, "status": dict(self.status),
-                "streak": dict(self.streak), "retries": dict(self.retries), "queue": [list(e) for e in self.queue],
+                "streak": dict(self.streak), "tally": {i: list(v) for i, v in self.tally.items()}, "retries": dict(self.retries), "queue": [list(e) for e in self.queue],
                 "factor": dict(self.factor), "best": dict(self.best), "events": [dict(e) for e in self.events],
                 "counts": dict(self.counts), "drawn_this_step": sorted(self._drawn_this_step)}
 
@@ -263,6 +275,7 @@ class Curriculum:
         self.cursors = {b: list(c) for b, c in state["cursors"].items()}
         self.windows = {b: list(w) for b, w in state["windows"].items()}
         self.status, self.streak, self.retries = dict(state["status"]), dict(state["streak"]), dict(state["retries"])
+        self.tally = {i: list(v) for i, v in state["tally"].items()}
         self.queue = [list(e) for e in state["queue"]]
         self.factor, self.best = dict(state["factor"]), dict(state["best"])
         self.events = [dict(e) for e in state["events"]]

@@ -280,7 +280,8 @@ def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) ->
         run.envs.close()
     save_model_dir(run.dir / "final", run.model, run.tokenizer)
     if cfg.curriculum.enabled:
-        (run.dir / "curriculum.json").write_text(json.dumps(run.pool.state_dict()["events"], indent=1))
+        (run.dir / "curriculum.json").write_text(json.dumps(
+            {"events": run.pool.events, "frontier": run.pool.frontier, "tasks": run.pool.task_report()}, indent=1))
         curriculum_plot(read_metrics(run.dir), run.dir / "plots" / "curriculum.png", read_alerts(run.dir))
     out = {"steps": cfg.steps, "seconds": time.perf_counter() - run.started}
     if cfg.eval.task_files:  # the user's held-out file: the final model's report
