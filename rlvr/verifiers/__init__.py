@@ -5,7 +5,7 @@ user's reward functions) and ``reasoning_gym`` (with the optional extra; docs/re
 ``code`` imports the sandbox only when it first runs code, so importing this package stays cheap.
 """
 
-from rlvr.verifiers import choice, code, json_schema, math, number, python_reward, reasoning_gym, text  # noqa: F401  (registration)
+from rlvr.verifiers import choice, code, json_schema, math, number, python_reward, reasoning_gym, refusal, text  # noqa: F401  (registration)
 from rlvr.verifiers.base import VERIFIERS, Verifier, check_all, get_verifier
 
 __all__ = ["VERIFIERS", "Verifier", "check_all", "get_verifier"]
