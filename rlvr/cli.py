@@ -175,33 +175,162 @@ def cmd_dpo(args) -> None:
     print(f"model: {cfg.out}/final")
 
 
+def _read_report(path: str, which: str) -> dict:
+    try:
+        report = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{which} report {path}: not a readable eval result ({e})") from None
+    if not isinstance(report, dict):
+        raise UserError(f"{which} report {path}: not an eval result (no JSON object)")
+    return report
+
+
+def _gate_args(p: argparse.ArgumentParser) -> None:
+    from rlvr.eval.gate import DEFAULT_TOLERANCE
+
+    g = p.add_argument_group("regression gate (docs/evaluation.md)")
+    g.add_argument("--gate", action="store_true",
+                   help="exit 1 (one line per domain) when a domain's pass@1 drops more than --tolerance points")
+    g.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, metavar="POINTS",
+                   help=f"per-domain drop the gate accepts, in points (default {DEFAULT_TOLERANCE:g})")
+    g.add_argument("--metric", default="pass@1", help="the compared value (default pass@1; pass@k if both reports have it)")
+    g.add_argument("--allow-different-suite", action="store_true",
+                   help="compare reports whose task sets differ (otherwise refused with exit 2)")
+
+
+def _compare(baseline: dict, now: dict, args, labels: tuple[str, str]) -> None:
+    """Print the comparison; exit 2 on different task sets (unless allowed), 1 on a regression with --gate."""
+    from rlvr.eval.gate import compare, print_gate
+
+    result = compare(baseline, now, tolerance=args.tolerance, metric=args.metric)
+    if not result.same_suite and not args.allow_different_suite:
+        raise UserError(result.suite_line() + "; compare reports of one suite, or pass --allow-different-suite")
+    print_gate(result, labels=labels)
+    if not result.same_suite:
+        print(f"note: {result.suite_line()} (--allow-different-suite)")
+    if args.gate:
+        if not result.passed:
+            for line in result.regression_lines():
+                print(f"rlvr: regression: {line}", file=sys.stderr)
+            raise SystemExit(1)
+        print(f"gate passed: no domain dropped more than {args.tolerance:g} points of {args.metric}")
+
+
+def _labels(baseline: str, now: str) -> tuple[str, str]:
+    """How the table and the radar name two reports: their file stems, or whole paths when those agree."""
+    labels = (Path(baseline).stem, Path(now).stem)
+    return (baseline, now) if labels[0] == labels[1] else labels
+
+
+def _radar(reports: dict[str, dict], path: str | Path, metric: str) -> None:
+    from rlvr.eval.plots import domain_scores, radar
+
+    series = {label: domain_scores(r, metric) for label, r in reports.items()}
+    if not any(series.values()):
+        raise UserError(f"no {metric} per domain in the report(s) to draw; choose --metric among their pass@k")
+    print(f"wrote {radar(series, path, metric=metric)}")
+
+
 def cmd_eval(args) -> None:
     from rlvr.config import apply_overrides, from_dict, read_yaml, resolve_device
     from rlvr.eval.evaluate import EvalConfig, evaluate
+    from rlvr.eval.suites import (
+        SELECTION_KEYS,
+        fingerprint,
+        get_suite,
+        report_fingerprint,
+        selection_changes,
+    )
     from rlvr.eval.table import print_eval
     from rlvr.model.load import load_model_and_tokenizer
     from rlvr.tasks.sets import build_task_set, needs_sandbox
 
-    if args.suite != "default":
-        raise UserError(f"unknown eval suite {args.suite!r}; choose one of: default")
+    suite = get_suite(args.suite)
     data = apply_overrides(read_yaml(args.config) if args.config else {}, args.overrides)
     data = _apply_task_args(data, args)
     model_dir = data.pop("model", None) or args.model
     if not model_dir:
         raise UserError("rlvr eval needs --model DIR (a Hugging Face causal-LM directory)")
+    modified = selection_changes(suite, data)
+    data = {**{k: v for k, v in suite.eval_fields().items() if k in SELECTION_KEYS}, **data}
     cfg = from_dict(EvalConfig, data)
+    baseline = _read_report(args.baseline, "baseline") if args.baseline else None
+    tasks = build_task_set(cfg.domains, "eval", cfg.tasks, seed=cfg.seed, levels=cfg.levels, files=cfg.task_files)
+    fp = fingerprint(tasks)
+    if baseline is not None and report_fingerprint(baseline) != fp and not args.allow_different_suite:
+        raise UserError(f"baseline {args.baseline} was measured on another task set (fingerprint "
+                        f"{(report_fingerprint(baseline) or 'unknown')[:12]}, this suite's {fp[:12]}); run its "
+                        f"suite, or pass --allow-different-suite")
     model, tokenizer = load_model_and_tokenizer(model_dir, device=resolve_device("eval.device", cfg.device),
                                                 options=cfg.model_load)
-    tasks = build_task_set(cfg.domains, "eval", cfg.tasks, seed=cfg.seed, levels=cfg.levels, files=cfg.task_files)
     if needs_sandbox(cfg.domains, tasks):
         from rlvr.sandbox.config import shared_sandbox
 
         shared_sandbox()
-    report = {"model": str(model_dir), **evaluate(model, tokenizer, tasks, cfg)}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
+    settings = {k: getattr(cfg, k) for k in ("samples", "temperature", "max_new_tokens", "k", "precision")}
+    report = {"model": str(model_dir), "suite": {**suite.record(modified), "domains": list(cfg.domains)},
+              "fingerprint": fp, "settings": settings, **evaluate(model, tokenizer, tasks, cfg)}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
     print_eval(report)
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
+    labels = _labels(args.baseline, str(out)) if baseline is not None else ("", out.stem)
+    if not args.no_radar:
+        series = {labels[1]: report, **({f"{labels[0]} (baseline)": baseline} if baseline is not None else {})}
+        _radar(series, args.radar or out.with_name(f"{out.stem}_radar.png"), args.metric)
+    if baseline is not None:
+        _compare(baseline, report, args, labels)
+
+
+def cmd_eval_suites(args) -> None:
+    from rlvr.eval.suites import SUITES, describe, get_suite
+
+    for spec in args.files or SUITES.names():
+        print(describe(get_suite(spec)))
+
+
+def cmd_eval_compare(args) -> None:
+    baseline, now = _read_report(args.baseline, "baseline"), _read_report(args.current, "current")
+    labels = _labels(args.baseline, args.current)
+    if args.radar:
+        _radar({labels[1]: now, f"{labels[0]} (baseline)": baseline}, args.radar, args.metric)
+    _compare(baseline, now, args, labels)
+
+
+def cmd_eval_contamination(args) -> None:
+    from collections import Counter
+
+    from rlvr.config import from_dict
+    from rlvr.eval.suites import get_suite, tasks_of
+    from rlvr.tasks.rows import TaskFileConfig
+    from rlvr.tasks.sets import file_tasks
+    from rlvr.tasks.validate import contamination, contamination_text
+
+    if not args.train:
+        raise UserError("rlvr eval contamination needs --train FILE (the training task files)")
+
+    def files(paths: list[str]) -> list[TaskFileConfig]:
+        return [from_dict(TaskFileConfig, entry) for entry in _file_entries(paths, args)]
+
+    train = file_tasks(files(args.train), check=False)
+    eval_tasks = file_tasks(files(args.eval), check=False) if args.eval else []
+    if args.suite or not args.eval:
+        suite = get_suite(args.suite or "default")
+        eval_tasks += tasks_of(suite, check=False)
+        print(f"eval: suite {suite.name} {suite.version}" + (f" + {', '.join(args.eval)}" if args.eval else ""))
+    found = contamination(train, eval_tasks)
+    if not found:
+        print(f"clean: none of {len(train)} training tasks is among the {len(eval_tasks)} eval tasks "
+              f"(same id, canonical key or normalised prompt)")
+        return
+    per_domain = Counter(c.eval.domain for c in found)
+    print(f"{len(found)} of {len(train)} training tasks are eval tasks; per eval domain: "
+          + ", ".join(f"{d} {n}" for d, n in sorted(per_domain.items())))
+    for c in found[: args.show]:
+        where = c.train.meta.get("where", c.train.id)
+        print(f"  {where}: same {c.how} as {c.eval.id} ({c.eval.domain}): {contamination_text(c.eval)[:100]!r}")
+    raise SystemExit(1)
 
 
 def cmd_tasks(args) -> None:
@@ -228,6 +357,42 @@ def cmd_sandbox(args) -> None:
         code = bench.run_from_args(args)
     if code:
         raise SystemExit(code)
+
+
+def _eval_parser(sub) -> None:
+    p = sub.add_parser("eval", help="held-out pass@1 / pass@k per domain, level and tag, as JSON, a table and a radar",
+                       description="Evaluate a model on a suite (`rlvr eval suites` lists them), or: "
+                                   "`rlvr eval compare A.json B.json [--gate]`, `rlvr eval contamination --train FILE`.")
+    p.add_argument("--suite", default="default", metavar="NAME|FILE",
+                   help="built-in suite (rlvr eval suites) or a suite YAML file (default: default)")
+    p.add_argument("--out", default="eval.json")
+    p.add_argument("-c", "--config")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--radar", metavar="PNG", help="per-domain radar chart (default: <out stem>_radar.png beside --out)")
+    p.add_argument("--no-radar", action="store_true", help="write no radar chart")
+    p.add_argument("--baseline", metavar="JSON", help="an earlier eval report: print the per-domain change against it")
+    _gate_args(p)
+    _task_args(p)
+    p.set_defaults(fn=cmd_eval)
+    actions = p.add_subparsers(dest="eval_action", metavar="{suites,compare,contamination}")
+    q = actions.add_parser("suites", help="list the built-in suites (or describe suite YAML files)")
+    q.add_argument("files", nargs="*", metavar="SUITE", help="suite names or YAML files to describe")
+    q.set_defaults(fn=cmd_eval_suites)
+    q = actions.add_parser("compare", help="compare two eval reports per domain; --gate exits 1 on a regression")
+    q.add_argument("baseline", help="the baseline eval report (JSON)")
+    q.add_argument("current", help="the eval report to check (JSON)")
+    q.add_argument("--radar", metavar="PNG", help="also draw both reports' per-domain radar")
+    _gate_args(q)
+    q.set_defaults(fn=cmd_eval_compare)
+    q = actions.add_parser("contamination", help="is any training task an eval task? (id, canonical key or "
+                                                 "normalised prompt); exit 1 if so")
+    q.add_argument("--train", action="append", default=[], metavar="FILE", help="training task file (repeatable)")
+    q.add_argument("--eval", action="append", default=[], metavar="FILE", help="eval task file (repeatable)")
+    q.add_argument("--suite", default=None, metavar="NAME|FILE",
+                   help="eval suite to check against (default: default, unless --eval files are given)")
+    q.add_argument("--show", type=int, default=5, help="matches to print (default 5)")
+    _file_flags(q)
+    q.set_defaults(fn=cmd_eval_contamination)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -257,13 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--map", default="", metavar="FIELD=COLUMN,...", help="columns of the pair files, e.g. prompt=question")
     p.add_argument("--system-prompt", default="", help="system message for prompts that have none")
     p.set_defaults(fn=cmd_dpo)
-    p = sub.add_parser("eval", help="held-out pass@1 / pass@k per domain, level and tag, as JSON and a table")
-    p.add_argument("--suite", default="default")
-    p.add_argument("--out", default="eval.json")
-    p.add_argument("-c", "--config")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    _task_args(p)
-    p.set_defaults(fn=cmd_eval)
+    _eval_parser(sub)
     from rlvr.tasks.commands import add_parser as add_tasks_parser
 
     add_tasks_parser(sub, _file_flags, _file_entries)
