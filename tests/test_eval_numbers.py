@@ -181,7 +181,7 @@ def test_rlvr_eval_writes_the_json_a_user_reads(monkeypatch, tmp_path, tiny_mode
           "--set", "samples=2", "--set", "temperature=1.0", "--set", "k=[1,2]"])
     assert len(asked) == 16
     report = json.loads(out.read_text())
-    assert set(report) == {"model", "overall", "by_domain", "tasks", "samples"}
+    assert set(report) == {"model", "suite", "fingerprint", "settings", "overall", "by_domain", "tasks", "samples"}
     assert report["model"] == tiny_model_dir
     # every task with its result (rlvr tasks from-failures reads these)
     assert sorted((t["domain"], t["level"], t["correct"]) for t in report["tasks"]) == sorted(
