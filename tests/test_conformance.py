@@ -22,6 +22,8 @@ function that raises ``AssertionError`` naming what is wrong:
   dtypes of the registry signature, finite outputs, gradients where they belong, and an invariant
   (a constant-reward group has advantage 0; KL of identical log-probs is 0 and its expectation is
   the true KL; masked tokens do not count; micro-batches sum to the batch).
+- ``check_suite``: an eval suite builds exactly its task count from the eval split of its domains
+  and levels, without duplicates, deterministically (the same fingerprint twice).
 - ``check_preference_loss``: per-pair outputs of the registry signature, finite, detached rewards,
   gradients to both policy log-probs pointing towards the chosen response; pairs are independent;
   swapping chosen and rejected swaps the rewards; a loss that needs the reference depends on
@@ -61,6 +63,7 @@ from rlvr.algos.preference import PREFERENCE_LOSSES
 from rlvr.envs.base import (BUDGET_FINISHES, ENVS, NATURAL_FINISHES, EnvConfig, Environment, Step, ToolEnv,
                             make_env, play)
 from rlvr.envs.tools import MAX_RESULT_CHARS, Tool
+from rlvr.eval.suites import SUITES, fingerprint, tasks_of
 from rlvr.registry import Registry
 from rlvr.sandbox import Sandbox, choose, plaindata
 from rlvr.tasks.base import DOMAINS, SPLITS, Domain, Problem, generate_tasks, overlap
@@ -812,7 +815,7 @@ def check_preference_loss(name: str) -> None:
 # ---------------------------------------------------------------- the registries and their tests
 
 
-CHECKED = [DOMAINS, VERIFIERS, ENVS, ADVANTAGES, POLICY_LOSSES, AGGREGATIONS, KL_ESTIMATORS, PREFERENCE_LOSSES]
+CHECKED = [DOMAINS, VERIFIERS, ENVS, ADVANTAGES, POLICY_LOSSES, AGGREGATIONS, KL_ESTIMATORS, PREFERENCE_LOSSES, SUITES]
 
 
 def rlvr_registries() -> dict[int, tuple[str, Registry]]:
@@ -851,6 +854,25 @@ def strict_sandbox():
 
 def _sandbox_if(needed: bool, request):
     return request.getfixturevalue("strict_sandbox") if needed else None
+
+
+def check_suite(name: str) -> None:
+    """An eval suite is named, versioned and described, builds exactly its task count from the eval
+    split of its domains and levels, without duplicates, and the same set (fingerprint) every time."""
+    suite = SUITES.get(name)
+    assert suite.name == name and suite.version and suite.description and suite.source == "builtin"
+    tasks = tasks_of(suite)
+    assert len(tasks) == suite.tasks
+    assert {t.domain for t in tasks} == set(suite.resolved_domains())
+    assert {t.level for t in tasks} <= set(suite.levels)
+    assert all(t.id.split("/")[2] == "eval" for t in tasks), "a suite holds eval-split tasks only"
+    assert len({(t.domain, t.key) for t in tasks}) == len(tasks)
+    assert fingerprint(tasks_of(suite)) == fingerprint(tasks)
+
+
+@pytest.mark.parametrize("name", SUITES.names())
+def test_eval_suite_conforms(name):
+    check_suite(name)
 
 
 @pytest.mark.parametrize("name", DOMAINS.names())
