@@ -13,7 +13,8 @@ import rlvr.tasks  # noqa: F401
 from rlvr.config import load_config
 from rlvr.curriculum.config import CurriculumConfig
 from rlvr.curriculum.plots import curriculum_plot
-from rlvr.curriculum.rules import choose_level, recycle_accepts, seesaw_step, should_promote, weight_groups
+from rlvr.curriculum.rules import (choose_level, eval_noise, learnability_level, recycle_accepts, seesaw_step,
+                                   should_promote, weight_groups)
 from rlvr.curriculum.scheduler import Curriculum
 from rlvr.errors import ConfigError
 from rlvr.monitor.alerts import read_alerts
@@ -76,6 +77,8 @@ def test_promotion_level_choice_seesaw_and_recycling_rules():
     assert seesaw_step(0.45, 0.5, 1.0, tolerance=0.03, boost=1.5, max_factor=4) == (1.5, 0.5, True)
     assert seesaw_step(0.45, 0.5, 3.0, tolerance=0.03, boost=1.5, max_factor=4) == (4.0, 0.5, True)
     assert seesaw_step(0.49, 0.5, 1.5, tolerance=0.03, boost=1.5, max_factor=4) == (1.0, 0.5, False)  # relaxes
+    assert seesaw_step(0.45, 0.5, 1.0, tolerance=0.03, boost=1.5, max_factor=4, noise=0.06)[2] is False  # inside noise
+    assert abs(eval_noise(0.75, 50, 1.0) - 0.0866) < 1e-3 and eval_noise(0.75, 50, 0.0) == 0.0
     assert recycle_accepts(1, 0.5, 0.99) and recycle_accepts(2, 0.5, 0.49) and not recycle_accepts(2, 0.5, 0.5)
 
 
@@ -93,8 +96,8 @@ def test_draws_follow_the_weights_and_start_at_the_lowest_level():
 
 
 def test_a_mastered_level_promotes_once_and_failures_never_demote():
-    cfg = _cfg(weights={"math.arith": 1.0}, stages={"min_samples": 16, "window": 32, "promote_at": 0.75},
-               filter={"enabled": False})
+    cfg = _cfg(weights={"math.arith": 1.0}, filter={"enabled": False},
+               stages={"min_samples": 16, "window": 32, "promote_at": 0.75, "level_choice": "frontier"})
     cur = Curriculum(_pool(domains=("math.arith",)), cfg, seed=0)
     tasks = cur.next(2, 0)
     cur.observe([s for g, t in enumerate(tasks) for s in _scored(t, g, [True] * 4)], 0)
@@ -110,6 +113,15 @@ def test_a_mastered_level_promotes_once_and_failures_never_demote():
     assert cur.frontier["math.arith"] == 2
     drawn = Counter(t.level for step in range(10, 60) for t in cur.next(4, step))
     assert 0.6 < drawn[2] / sum(drawn.values()) < 0.8  # frontier_share 0.7, the rest reviews level 1
+
+
+def test_learnability_draws_most_where_groups_carry_signal():
+    cur = Curriculum(_pool(domains=("math.arith",), levels=(1, 2, 3), per=300), _cfg(stages={"enabled": False}), seed=0)
+    cur.windows = {"math.arith/1": [1] * 19 + [0], "math.arith/2": [1, 0] * 10, "math.arith/3": [0] * 20}
+    drawn = Counter(t.level for step in range(40) for t in cur.next(8, step))
+    assert drawn[2] > 3 * drawn[1] and drawn[2] > 3 * drawn[3]  # p(1-p): 0.25 against 0.0475 and the 0.02 floor
+    assert drawn[1] > 0 and drawn[3] > 0
+    assert learnability_level([1, 2], {1: None, 2: 0.0}, 0.9) == 1 and learnability_level([1, 2], {1: 0.5, 2: 0.5}, 0.6) == 2
 
 
 def test_always_solved_tasks_are_retired_and_never_solved_ones_recycled_then_retired():

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlvr.config import check_range
+from rlvr.config import check_choice, check_range
+
+LEVEL_CHOICES = ("learnability", "frontier")
 
 
 @dataclass
@@ -24,15 +26,20 @@ class StageConfig:
     """Samples in the rolling pass rate of each (domain, level)."""
     min_samples: int = 64
     """Samples seen at the frontier level before it can promote."""
+    level_choice: str = "learnability"
+    """How a draw picks among a domain's unlocked levels: learnability (weight p(1-p) of each level's
+    rolling pass rate: most where a group is most likely to carry signal) | frontier (the frontier
+    level with probability ``frontier_share``, else a lower one)."""
     frontier_share: float = 0.7
-    """Share of a domain's draws from its frontier level; the rest review the unlocked lower levels
-    (all of them at the frontier when it is the lowest)."""
+    """With ``level_choice: frontier``: share of a domain's draws from its frontier level; the rest
+    review the unlocked lower levels."""
 
     def __post_init__(self) -> None:
         check_range("curriculum.stages.promote_at", self.promote_at, 0.0, 1.0)
         check_range("curriculum.stages.window", self.window, 1)
         check_range("curriculum.stages.min_samples", self.min_samples, 1, self.window)
         check_range("curriculum.stages.frontier_share", self.frontier_share, 0.0, 1.0)
+        check_choice("curriculum.stages.level_choice", self.level_choice, LEVEL_CHOICES)
 
 
 @dataclass
@@ -64,8 +71,8 @@ class RecycleConfig:
     decay: float = 0.5
     """A due task is taken with probability ``decay ** (retries - 1)`` (1 on its first retry); a
     task passed over waits another ``delay_steps``."""
-    max_share: float = 0.25
-    """At most this share of a draw comes from recycled tasks."""
+    max_share: float = 0.1
+    """At most this share of a draw (rounded up) comes from recycled tasks."""
 
     def __post_init__(self) -> None:
         check_range("curriculum.recycle.retry_limit", self.retry_limit, 0)
@@ -81,7 +88,11 @@ class SeesawConfig:
     enabled: bool = True
     """Adapt the mix to the periodic eval (needs ``eval_every`` > 0 and the group in ``eval.domains``)."""
     tolerance: float = 0.03
-    """Drop of a group's eval pass@1 below its best so far (absolute, 0.03 = 3 points) that triggers."""
+    """Drop of a group's eval pass@1 below its best so far (absolute, 0.03 = 3 points) that triggers,
+    if the eval's sampling error does not explain it (``z``)."""
+    z: float = 1.0
+    """Standard errors of the difference of two evals of the group's size a drop must also exceed
+    (0: the tolerance alone; a 50-task eval near 75% has a standard error of about 8.7 points)."""
     boost: float = 1.5
     """Weight multiplier per triggering eval; divided back out per eval within tolerance."""
     max_factor: float = 4.0
@@ -91,6 +102,7 @@ class SeesawConfig:
         check_range("curriculum.seesaw.tolerance", self.tolerance, 0.0, 1.0)
         check_range("curriculum.seesaw.boost", self.boost, 1.0)
         check_range("curriculum.seesaw.max_factor", self.max_factor, 1.0)
+        check_range("curriculum.seesaw.z", self.z, 0.0)
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from rlvr.errors import ConfigError
 
 
@@ -44,17 +46,36 @@ def choose_level(levels: list[int], frontier: int, frontier_share: float, u: flo
     return below[min(int(v * len(below)), len(below) - 1)]
 
 
+def learnability_level(levels: list[int], rates: dict[int, float | None], u: float, floor: float = 0.02) -> int:
+    """A level drawn with weight ``p (1 - p)`` of its rolling pass rate ``p`` (the variance of a
+    pass/fail reward: the expected signal of a GRPO group), at least ``floor``; a level without a
+    rate yet weighs 0.25 (as p = 0.5)."""
+    weights = [max(floor, 0.25 if rates.get(lv) is None else rates[lv] * (1 - rates[lv])) for lv in levels]
+    total, acc = sum(weights), 0.0
+    for lv, w in zip(levels, weights):
+        acc += w / total
+        if u < acc:
+            return lv
+    return levels[-1]
+
+
 def seesaw_step(score: float, best: float | None, factor: float, *, tolerance: float, boost: float,
-                max_factor: float) -> tuple[float, float, bool]:
+                max_factor: float, noise: float = 0.0) -> tuple[float, float, bool]:
     """One periodic eval of a group: ``(new factor, new best, triggered)``.
 
-    More than ``tolerance`` below the best so far: the factor is multiplied by ``boost`` (capped at
-    ``max_factor``) and the eval triggers; otherwise a raised factor relaxes by ``boost`` towards 1."""
+    More than ``max(tolerance, noise)`` below the best so far: the factor is multiplied by ``boost``
+    (capped at ``max_factor``) and the eval triggers; otherwise a raised factor relaxes by ``boost``
+    towards 1. ``noise``: the drop the eval's own sampling error explains (``eval_noise``)."""
     if best is None or score > best:
         best = score
-    if score < best - tolerance:
+    if score < best - max(tolerance, noise):
         return min(factor * boost, max_factor), best, True
     return max(1.0, factor / boost), best, False
+
+
+def eval_noise(best: float, n: int, z: float) -> float:
+    """``z`` standard errors of the difference of two pass rates near ``best`` on ``n`` tasks each."""
+    return z * math.sqrt(2 * best * (1 - best) / n) if n > 0 else 0.0
 
 
 def recycle_accepts(retries: int, decay: float, u: float) -> bool:

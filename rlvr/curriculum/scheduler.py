@@ -25,11 +25,12 @@ would. A (domain, level) whose tasks are all retired or waiting is drawn from it
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from rlvr.curriculum.config import CurriculumConfig
-from rlvr.curriculum.rules import (choose_level, normalised, recycle_accepts, seesaw_step,
-                                   should_promote, weight_groups)
+from rlvr.curriculum.rules import (choose_level, eval_noise, learnability_level, normalised, recycle_accepts,
+                                   seesaw_step, should_promote, weight_groups)
 from rlvr.tasks.base import seeded_rng
 from rlvr.types import Scored, Task
 
@@ -101,7 +102,7 @@ class Curriculum:
         return [self.tasks[i] for i in out]
 
     def _recycled(self, n: int, rng) -> list[int]:
-        cap = int(self.cfg.recycle.max_share * n)
+        cap = math.ceil(self.cfg.recycle.max_share * n)
         out: list[int] = []
         due = sorted(e for e in self.queue if e[0] <= self.step)
         for entry in due:
@@ -119,11 +120,17 @@ class Curriculum:
         return out
 
     def _level(self, domain: str, u: float, v: float) -> int:
-        levels = self.levels[domain]
+        unlocked = [lv for lv in self.levels[domain] if lv <= self.frontier[domain]]  # all without stages
+        if self.cfg.stages.level_choice == "learnability":
+            return learnability_level(unlocked, {lv: self.rate(domain, lv) for lv in unlocked}, u)
         if not self.cfg.stages.enabled:
-            return levels[min(int(u * len(levels)), len(levels) - 1)]
-        unlocked = [lv for lv in levels if lv <= self.frontier[domain]]
+            return unlocked[min(int(u * len(unlocked)), len(unlocked) - 1)]
         return choose_level(unlocked, self.frontier[domain], self.cfg.stages.frontier_share, u, v)
+
+    def rate(self, domain: str, level: int, min_samples: int = 8) -> float | None:
+        """Rolling sample pass rate of (domain, level); None with fewer than ``min_samples`` samples."""
+        window = self.windows[_bucket(domain, level)]
+        return sum(window) / len(window) if len(window) >= min_samples else None
 
     def _take(self, domain: str, level: int, taken: list[int]) -> int | None:
         """The next available task of (domain, level), else of its other unlocked levels (nearest
@@ -225,12 +232,14 @@ class Curriculum:
             score = sum(x["pass@1"] * x["n_tasks"] for x in stats) / n
             before = self.factor[group]
             best = self.best.get(group)
+            noise = eval_noise(max(score, best or 0.0), n, s.z)
             self.factor[group], self.best[group], triggered = seesaw_step(
-                score, best, before, tolerance=s.tolerance, boost=s.boost, max_factor=s.max_factor)
+                score, best, before, tolerance=s.tolerance, boost=s.boost, max_factor=s.max_factor, noise=noise)
             if triggered:
                 alert = {"step": step, "detector": "seesaw", "severity": "warning", "group": group,
                          "evidence": {"eval_pass@1": round(score, 4), "best": round(self.best[group], 4),
-                                      "tolerance": s.tolerance, "factor": [before, self.factor[group]]},
+                                      "tolerance": s.tolerance, "noise": round(noise, 4), "n_tasks": n,
+                                      "factor": [before, self.factor[group]]},
                          "action": "raised weight"}
                 alerts.append(alert)
                 self.events.append({"step": step, "event": "seesaw", "group": group, "factor": self.factor[group]})
