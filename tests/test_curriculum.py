@@ -339,3 +339,20 @@ def test_killed_grpo_run_with_the_curriculum_resumes_the_same_task_sequence(tiny
 def test_curriculum_with_asynchronous_mode_is_refused(tiny_model_dir, tmp_path):
     with pytest.raises(ConfigError, match="'curriculum.enabled' and 'asynchronous.enabled'"):
         _grpo_cfg(tiny_model_dir, tmp_path, **{"asynchronous.enabled": "true"})
+
+
+def test_periodic_evals_can_sweep_a_named_suite(tiny_model_dir, tmp_path):
+    import rlvr.train.grpo as grpo
+    from rlvr.errors import UserError
+    from rlvr.eval.suites import SUITES, fingerprint, tasks_of
+
+    with levelled_digits():
+        cfg = _grpo_cfg(tiny_model_dir, tmp_path, steps=1, eval_every=1, eval_suite="default",
+                        **{"curriculum.enabled": "false", "eval.max_new_tokens": 2})
+        grpo.run_grpo(cfg, progress=False)
+        with pytest.raises(UserError, match="no_such_suite"):
+            _grpo_cfg(tiny_model_dir, tmp_path, eval_suite="no_such_suite")
+    report = json.loads((tmp_path / "eval" / "step_1.json").read_text())
+    assert report["suite"]["name"] == "default"
+    assert report["fingerprint"] == fingerprint(tasks_of(SUITES.get("default")))
+    assert len(report["tasks"]) == SUITES.get("default").tasks

@@ -45,6 +45,7 @@ from rlvr.curriculum.pool import TaskPool
 from rlvr.curriculum.scheduler import Curriculum
 from rlvr.errors import ConfigError
 from rlvr.eval.evaluate import EvalConfig, evaluate
+from rlvr.eval.suites import fingerprint, get_suite, tasks_of
 from rlvr.model.checkpoint import (
     latest_checkpoint,
     prune_checkpoints,
@@ -207,6 +208,10 @@ class GRPOConfig:
     """Budgets of multi-turn episodes (turns, tokens per turn and per episode, context, wall)."""
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(tasks=100))
     """Periodic eval suite (eval split)."""
+    eval_suite: str = ""
+    """The periodic eval's task set as a named suite or a suite YAML file (``rlvr eval suites``,
+    docs/evaluation.md), e.g. ``all`` for a full sweep of every built-in domain; empty: the draw that
+    ``eval.domains``, ``eval.tasks``, ``eval.levels`` and ``eval.seed`` describe."""
     eval_every: int = 0
     """Evaluate every this many steps (0 = never during training), writing eval/step_N.json; with
     ``eval.task_files`` (``--eval-tasks``) the final model is also evaluated (eval/final.json)."""
@@ -230,6 +235,8 @@ class GRPOConfig:
         if not self.domains and not self.task_files:
             raise ConfigError("no training tasks: set 'domains' (built-in) or 'task_files' (--tasks FILE)")
         check_range("checkpoint_every", self.checkpoint_every, 1)
+        if self.eval_suite:
+            get_suite(self.eval_suite)  # an unknown name or a bad file stops here, naming it
         for name, w in self.domain_weights.items():
             check_choice("domain_weights", name, self.domains)
             check_range(f"domain_weights.{name}", w, 0.0)
@@ -354,8 +361,11 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
 
 
 def eval_task_set(cfg: GRPOConfig) -> list[Task]:
-    """The periodic eval suite: the eval split of ``eval.domains`` and the ``eval.task_files``."""
+    """The periodic eval suite: ``eval_suite``'s tasks, or the eval split of ``eval.domains``; and the
+    ``eval.task_files``."""
     e = cfg.eval
+    if cfg.eval_suite:
+        return tasks_of(get_suite(cfg.eval_suite)) + build_task_set([], "eval", 0, seed=e.seed, files=e.task_files)
     return build_task_set(e.domains, "eval", e.tasks, seed=e.seed, levels=e.levels, files=e.task_files)
 
 
@@ -584,7 +594,9 @@ def rollout_metrics(scored: list[Scored], kept: list[Scored]) -> dict:
 
 def eval_report(run: Run, cfg: GRPOConfig, path: Path) -> dict:
     """The eval suite on the current policy, written as JSON to ``path`` (``rlvr eval``'s format)."""
-    report = {"model": str(run.dir), **evaluate(run.model, run.tokenizer, run.eval_tasks, cfg.eval, seed=cfg.seed)}
+    suite = {"suite": get_suite(cfg.eval_suite).record()} if cfg.eval_suite else {}
+    report = {"model": str(run.dir), **suite, "fingerprint": fingerprint(run.eval_tasks),
+              **evaluate(run.model, run.tokenizer, run.eval_tasks, cfg.eval, seed=cfg.seed)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
     return report
