@@ -206,4 +206,4 @@ def test_rlvr_eval_writes_the_json_a_user_reads(monkeypatch, tmp_path, tiny_mode
     rows = {line.split("│")[1].strip(): line for line in printed.splitlines() if line.count("│") > 3}
     assert "100.0%" in rows["math.arith"] and "75.0%" in rows["math.word"] and "87.5%" in rows["all"]
     assert "50.0%" in rows["level 2"]
-    assert printed.rstrip().endswith(f"wrote {out}")
+    assert f"wrote {out}\n" in printed and printed.rstrip().endswith(f"wrote {out.with_name('eval_radar.png')}")
