@@ -79,9 +79,15 @@ def test_sync_rollout_draws_generates_and_verifies_in_order():
     class Pool:
         drawn = 0
 
-        def next(self, n):
+        def next(self, n, step=0):
             self.drawn += n
             return list(range(self.drawn - n, self.drawn))
+
+        def observe(self, scored, step=0):
+            calls.append(("observe", scored, step))
+
+        def metrics(self):
+            return {}
 
         def state_dict(self):
             return {"cursor": self.drawn}
@@ -101,7 +107,9 @@ def test_sync_rollout_draws_generates_and_verifies_in_order():
     source.push(model, version=1)
     second = source.next(trainer_version=1)
     assert calls == [("generate", [0, 1], 0), ("verify", [0, 1], ["ep0", "ep1"]),
-                     ("generate", [2, 3], 1), ("verify", [2, 3], ["ep2", "ep3"])]
+                     ("observe", ["scored:ep0", "scored:ep1"], 0),
+                     ("generate", [2, 3], 1), ("verify", [2, 3], ["ep2", "ep3"]),
+                     ("observe", ["scored:ep2", "scored:ep3"], 1)]
     assert (first.index, first.version, first.tasks, first.scored) == (0, 0, [0, 1], ["scored:ep0", "scored:ep1"])
     assert (second.version, second.pool_state, second.mismatch_kl) == (1, {"cursor": 4}, None)
     assert set(source.metrics(second, 1)) == {"time/curriculum", "time/rollout", "time/verify"}
