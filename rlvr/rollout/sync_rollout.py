@@ -40,7 +40,7 @@ class SyncRollout:
         tasks: list[Task] = []
         scored: list[Scored] = []
         wanted, rounds, drawn_groups = self.tasks_per_step, 0, 0
-        while wanted and rounds <= self.refill_rounds:
+        while wanted:
             t0 = time.perf_counter()
             more = self.pool.next(wanted, step=trainer_version)
             t1 = time.perf_counter()
@@ -54,6 +54,8 @@ class SyncRollout:
             scored += [_regroup(s, len(tasks)) for s in new]
             tasks += more
             rounds, drawn_groups = rounds + 1, drawn_groups + len(more)
+            if rounds > self.refill_rounds:
+                break
             wanted = self.tasks_per_step - signal_groups(scored)
         counts = {"curriculum/rounds": float(rounds), "curriculum/groups_drawn": float(drawn_groups),
                   "curriculum/zero_variance_frac": 1.0 - signal_groups(scored) / drawn_groups} if self.refill_rounds else {}
