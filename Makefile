@@ -7,7 +7,7 @@ SYSTEM_PACKAGES := bubblewrap libseccomp2
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow test-all test-compat bench bench-trl bench-dpo-trl bench-gpu check-sandbox clean
+.PHONY: setup demo test test-slow test-all test-compat bench bench-curriculum bench-trl bench-dpo-trl bench-gpu check-sandbox clean
 
 setup: $(VENV)/.installed
 
@@ -70,6 +70,13 @@ $(TRL_VENV)/.installed: pyproject.toml Makefile
 	$(TRL_VENV)/bin/python -m pip install -q "$(TRL_SPEC)"
 	$(TRL_VENV)/bin/python -m pip install -q -e .
 	touch $@
+
+# The curriculum against uniform sampling from the quickstart's SFT model (3 seeds x 2 arms x 200
+# GRPO steps, about 40 min on 2 idle cores; runs the quickstart first when its SFT model is missing).
+bench-curriculum: setup
+	test -f runs/quickstart/sft/final/config.json || $(VENV)/bin/rlvr quickstart
+	$(PY) benchmarks/curriculum_vs_uniform.py --model runs/quickstart/sft/final --steps 200 --seeds 0 1 2 \
+		--json runs/bench/curriculum_vs_uniform.json --png runs/bench/curriculum_vs_uniform.png
 
 bench-trl: $(TRL_VENV)/.installed
 	$(TRL_VENV)/bin/python benchmarks/grpo_step_vs_trl.py --size small --json runs/bench/grpo_step_vs_trl_small.json
