@@ -78,7 +78,9 @@ def test_promotion_level_choice_seesaw_and_recycling_rules():
     assert seesaw_step(0.45, 0.5, 3.0, tolerance=0.03, boost=1.5, max_factor=4) == (4.0, 0.5, True)
     assert seesaw_step(0.49, 0.5, 1.5, tolerance=0.03, boost=1.5, max_factor=4) == (1.0, 0.5, False)  # relaxes
     assert seesaw_step(0.45, 0.5, 1.0, tolerance=0.03, boost=1.5, max_factor=4, noise=0.06)[2] is False  # inside noise
-    assert abs(eval_noise(0.75, 50, 1.0) - 0.0866) < 1e-3 and eval_noise(0.75, 50, 0.0) == 0.0
+    assert abs(eval_noise(0.75, 50, 1.0) - 0.0877) < 1e-3 and eval_noise(0.75, 50, 0.0) == 0.0
+    near_zero = eval_noise(2 / 28, 28, 1.0)  # 2 of 28 tasks, then 0 of 28: inside the noise
+    assert not seesaw_step(0.0, 2 / 28, 1.0, tolerance=0.03, boost=1.5, max_factor=4, noise=near_zero)[2]
     assert recycle_accepts(1, 0.5, 0.99) and recycle_accepts(2, 0.5, 0.49) and not recycle_accepts(2, 0.5, 0.5)
 
 

@@ -74,8 +74,13 @@ def seesaw_step(score: float, best: float | None, factor: float, *, tolerance: f
 
 
 def eval_noise(best: float, n: int, z: float) -> float:
-    """``z`` standard errors of the difference of two pass rates near ``best`` on ``n`` tasks each."""
-    return z * math.sqrt(2 * best * (1 - best) / n) if n > 0 else 0.0
+    """``z`` standard errors of the difference of two pass rates near ``best`` on ``n`` tasks each,
+    with the rate Laplace-smoothed (``(best n + 1) / (n + 2)``) so that a rate near 0 or 1 on a
+    small eval still has noise (2 of 28 tasks, then 0 of 28, is not a signal)."""
+    if n <= 0:
+        return 0.0
+    p = (best * n + 1) / (n + 2)
+    return z * math.sqrt(2 * p * (1 - p) / n)
 
 
 def recycle_accepts(retries: int, decay: float, u: float) -> bool:
