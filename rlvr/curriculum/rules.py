@@ -51,12 +51,17 @@ def learnability_level(levels: list[int], rates: dict[int, float | None], u: flo
     pass/fail reward: the expected signal of a GRPO group), at least ``floor``; a level without a
     rate yet weighs 0.25 (as p = 0.5)."""
     weights = [max(floor, 0.25 if rates.get(lv) is None else rates[lv] * (1 - rates[lv])) for lv in levels]
+    return weighted_pick(levels, weights, u)
+
+
+def weighted_pick(items: list, weights: list[float], u: float):
+    """The item whose share of the cumulative (normalised) ``weights`` holds ``u`` in [0, 1)."""
     total, acc = sum(weights), 0.0
-    for lv, w in zip(levels, weights):
+    for item, w in zip(items, weights):
         acc += w / total
         if u < acc:
-            return lv
-    return levels[-1]
+            return item
+    return items[-1]
 
 
 def seesaw_step(score: float, best: float | None, factor: float, *, tolerance: float, boost: float,

@@ -30,7 +30,7 @@ from collections import defaultdict
 
 from rlvr.curriculum.config import CurriculumConfig
 from rlvr.curriculum.rules import (choose_level, eval_noise, learnability_level, normalised, recycle_accepts,
-                                   seesaw_step, should_promote, weight_groups)
+                                   seesaw_step, should_promote, weight_groups, weighted_pick)
 from rlvr.tasks.base import seeded_rng
 from rlvr.types import Scored, Task
 
@@ -89,7 +89,7 @@ class Curriculum:
         for _ in range(50 * n):
             if len(out) == n:
                 break
-            group = _weighted(groups, [weights[g] for g in groups], rng.random())
+            group = weighted_pick(groups, [weights[g] for g in groups], rng.random())
             members = self.groups[group]
             domain = members[min(int(rng.random() * len(members)), len(members) - 1)]
             level = self._level(domain, rng.random(), rng.random())
@@ -257,7 +257,7 @@ class Curriculum:
     def metrics(self) -> dict[str, float]:
         out = {f"curriculum/weight/{g}": w for g, w in self.weights().items()}
         out.update({f"curriculum/frontier/{d}": float(lv) for d, lv in self.frontier.items()})
-        retired = [v for v in self.status.values()]
+        retired = list(self.status.values())
         out["curriculum/retired_solved"] = float(retired.count(SOLVED))
         out["curriculum/retired_unsolved"] = float(retired.count(UNSOLVED))
         out["curriculum/waiting"] = float(len(self.queue))
@@ -295,12 +295,3 @@ class Curriculum:
 def _bucket(domain: str, level: int) -> str:
     return f"{domain}/{level}"
 
-
-def _weighted(items: list[str], weights: list[float], u: float) -> str:
-    total = sum(weights)
-    acc = 0.0
-    for item, w in zip(items, weights):
-        acc += w / total
-        if u < acc:
-            return item
-    return items[-1]
