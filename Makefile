@@ -4,10 +4,12 @@ PY         := $(VENV)/bin/python
 # This machine has a CPU build of torch 2.13.0 on disk; elsewhere pick yours (e.g. TORCH_SPEC=torch).
 TORCH_SPEC ?= torch==2.13.0
 SYSTEM_PACKAGES := bubblewrap libseccomp2
+# The run report's browser test drives Debian's Chromium through playwright (no browser download).
+BROWSER_PACKAGES := chromium
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow test-all test-compat bench bench-curriculum bench-trl bench-dpo-trl bench-gpu check-sandbox clean
+.PHONY: setup browser demo test test-slow test-all test-compat bench bench-curriculum bench-trl bench-dpo-trl bench-gpu check-sandbox clean
 
 setup: $(VENV)/.installed
 
@@ -27,8 +29,15 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: setup
 	$(VENV)/bin/rlvr quickstart
 
+# A headless Chromium for tests/test_report_browser.py (skipped, saying why, where none can be installed).
+browser:
+	@if ! command -v chromium >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get install -y -q $(BROWSER_PACKAGES) >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null && apt-get install -y -q $(BROWSER_PACKAGES) >/dev/null) || \
+		echo "warning: could not install $(BROWSER_PACKAGES); the report's browser test will skip"; fi
+
 # Tiny models on 2 shared cores run fastest (and never oversubscribed) on one thread.
-test: setup
+test: setup browser
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs
 
 test-slow: setup
