@@ -359,6 +359,25 @@ def cmd_sandbox(args) -> None:
         raise SystemExit(code)
 
 
+def cmd_report(args) -> None:
+    from rlvr.report import write_report
+
+    if args.per_step < 0:
+        raise UserError(f"--per-step must be 0 or more, got {args.per_step}")
+    print(f"wrote {write_report(args.run_dir, args.out, per_step=args.per_step)}")
+
+
+def _report_parser(sub) -> None:
+    p = sub.add_parser("report", help="one self-contained report.html of a run (curves, evals, alerts, trajectories)",
+                       description="Write a self-contained HTML report of a GRPO run or quickstart directory, "
+                                   "a crashed one too (docs/report.md).")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (rlvr train --out) or a quickstart's out")
+    p.add_argument("--out", metavar="HTML", help="where to write it (default: RUN_DIR/report.html)")
+    p.add_argument("--per-step", type=int, default=4, metavar="N",
+                   help="trajectory samples shown per saved step, besides the flagged ones (default 4)")
+    p.set_defaults(fn=cmd_report)
+
+
 def _eval_parser(sub) -> None:
     p = sub.add_parser("eval", help="held-out pass@1 / pass@k per domain, level and tag, as JSON, a table and a radar",
                        description="Evaluate a model on a suite (`rlvr eval suites` lists them), or: "
@@ -423,6 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system-prompt", default="", help="system message for prompts that have none")
     p.set_defaults(fn=cmd_dpo)
     _eval_parser(sub)
+    _report_parser(sub)
     from rlvr.tasks.commands import add_parser as add_tasks_parser
 
     add_tasks_parser(sub, _file_flags, _file_entries)
