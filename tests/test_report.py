@@ -193,3 +193,46 @@ def test_cli_writes_the_report_and_refuses_what_is_not_a_run(tmp_path, capsys):
     assert main(["report", str(tmp_path / "empty")]) == 2
     assert "not a run directory" in capsys.readouterr().err
     assert main(["report", str(run), "--per-step", "-1"]) == 2
+
+
+def _quickstart(tmp_path: Path, monkeypatch, stages) -> tuple[Path, str]:
+    """run_quickstart with its stages replaced by ``stages(out)``: (out, what it printed)."""
+    import io
+
+    from rich.console import Console
+
+    import rlvr.train.quickstart as qs
+    from rlvr.config import load_config
+
+    out = tmp_path / "qs"
+    monkeypatch.setattr(qs, "run_stages", lambda cfg, out, device, **kw: stages(out))
+    console = Console(file=io.StringIO(), width=300)
+    try:
+        qs.run_quickstart(load_config(qs.QuickstartConfig, None, [f"out={out}"]), console=console)
+    finally:
+        printed = console.file.getvalue()
+    return out, printed
+
+
+def test_the_quickstart_writes_its_report_and_prints_the_path(tmp_path, monkeypatch):
+    def stages(out: Path) -> dict:
+        make_run(out).rename(out / "grpo")
+        (out / "report.json").write_text("{}")
+        return {}
+
+    out, printed = _quickstart(tmp_path, monkeypatch, stages)
+    assert f"report: {out / 'report.html'}" in printed
+    assert '<span class="badge finished">' in (out / "report.html").read_text()
+
+
+def test_a_crashed_quickstart_still_gets_a_report_saying_so(tmp_path, monkeypatch):
+    def stages(out: Path) -> dict:
+        run = make_run(out)
+        shutil.rmtree(run / "final")
+        run.rename(out / "grpo")
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        _quickstart(tmp_path, monkeypatch, stages)
+    html = (tmp_path / "qs" / "report.html").read_text()
+    assert "crashed at step 6: stopped by RuntimeError: CUDA error: an illegal memory access; no final/ model" in html

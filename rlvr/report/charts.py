@@ -71,7 +71,7 @@ def line_chart(chart_id: str, title: str, lines: dict[str, list[tuple[float, flo
     for t in ticks(y0, y1):
         parts.append(f'<line class="grid" x1="{LEFT}" x2="{W - RIGHT}" y1="{py(t):.1f}" y2="{py(t):.1f}"/>'
                      f'<text class="tick" x="{LEFT - 4}" y="{py(t) + 3:.1f}" text-anchor="end">{_fmt(t)}</text>')
-    for t in ticks(x0, x1, 6):
+    for t in (t for t in ticks(x0, x1, 6) if t == int(t)):  # steps are whole numbers
         parts.append(f'<text class="tick" x="{px(t):.1f}" y="{H - BOTTOM + 14}" text-anchor="middle">{_fmt(t)}</text>')
     parts.append(f'<line class="axis" x1="{LEFT}" x2="{W - RIGHT}" y1="{H - BOTTOM}" y2="{H - BOTTOM}"/>'
                  f'<text class="tick" x="{(LEFT + W - RIGHT) / 2}" y="{H - 2}" text-anchor="middle">step</text>')

@@ -10,6 +10,7 @@ header.top { position: sticky; top: 0; z-index: 2; background: #24292f; color: #
 header.top h1 { margin: 0; font-size: 17px; font-weight: 600; }
 header.top nav a { color: #c9d1d9; margin-right: 14px; font-size: 13px; text-decoration: none; }
 main { max-width: 1240px; margin: 0 auto; padding: 0 20px 60px; }
+section, article.traj { scroll-margin-top: 72px; }  /* a link's target clears the sticky header */
 section { padding-top: 8px; border-bottom: 1px solid var(--line); padding-bottom: 16px; }
 h2 { font-size: 18px; margin: 18px 0 10px; }
 h3 { font-size: 15px; margin: 14px 0 8px; }

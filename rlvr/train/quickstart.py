@@ -6,9 +6,10 @@ passes with its failures, DPO trains on those pairs from the SFT model, and GRPO
 DPO model; every stage's final model is evaluated on the same held-out suite.
 
 Everything lands in one directory (``runs/quickstart``): each stage's run directory, the eval
-JSONs, ``report.json`` (per domain ``sft_pass@1`` and ``rl_pass@1``, wall seconds per stage) and
-PNG plots. The eval tasks come from the eval split and are checked disjoint from every task used
-in training.
+JSONs, ``report.json`` (per domain ``sft_pass@1`` and ``rl_pass@1``, wall seconds per stage),
+PNG plots and ``report.html`` (``rlvr report``; written also when a stage crashes, saying so).
+The eval tasks come from the eval split and are checked disjoint from every task used in
+training.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from rlvr.eval import plots
 from rlvr.eval.evaluate import EvalConfig, evaluate
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.monitor.metrics import read_metrics
+from rlvr.report import write_report
 from rlvr.sandbox.config import SandboxConfig, shared_sandbox
 from rlvr.tasks.base import DOMAINS as DOMAIN_REGISTRY
 from rlvr.errors import ConfigError, UserError
@@ -98,6 +100,25 @@ def run_quickstart(cfg: QuickstartConfig, *, resume: bool = False, console: Cons
     for key, name in (("pretrain.device", cfg.pretrain.device), ("sft.device", cfg.sft.device),
                       ("grpo.device", cfg.grpo.device)):
         resolve_device(key, name)
+    try:
+        report = run_stages(cfg, out, eval_device, resume=resume, console=console)
+    except BaseException as e:  # a crashed run gets its report too, saying what stopped it
+        crash_report(out, f"stopped by {type(e).__name__}: {str(e)[:300]}", console)
+        raise
+    console.print(f"report: {write_report(out)}")
+    return report
+
+
+def crash_report(out: Path, error: str, console: Console) -> None:
+    """The report of a quickstart that stopped; a failure to write it never hides the error."""
+    try:
+        console.print(f"report of the stopped run: {write_report(out, error=error)}")
+    except Exception as e:  # noqa: BLE001 - the run's own exception is the one to see
+        console.print(f"(no report of the stopped run: {type(e).__name__}: {e})")
+
+
+def run_stages(cfg: QuickstartConfig, out: Path, eval_device, *, resume: bool, console: Console) -> dict:
+    """The stages in order; returns report.json's content."""
     seconds: dict[str, float] = {}
 
     def stage(name: str, fn):
