@@ -1,4 +1,5 @@
-"""Metrics sink: one JSONL line per step plus TensorBoard events, under the same names.
+"""Metrics sink: one JSONL line per step plus TensorBoard events, under the same names; the
+optional trackers (``rlvr.monitor.trackers``: MLflow, W&B) get the same numbers too.
 
 Names are namespaced: ``rollout/*``, ``train/*``, ``eval/*``, ``time/*``. On resume the JSONL is
 truncated to the checkpoint's step, so a resumed run's file reads as if it never stopped.
@@ -9,11 +10,15 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
+
+from rlvr.monitor.trackers import Tracker
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, resume_step: int | None = None):
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, resume_step: int | None = None,
+                 trackers: Sequence[Tracker] = ()):
+        self.trackers = list(trackers)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
@@ -45,11 +50,20 @@ class MetricsLogger:
             for k, v in clean.items():
                 if isinstance(v, float) and math.isfinite(v):
                     self._tb.add_scalar(k, v, step)
+        numbers = {k: v for k, v in clean.items() if isinstance(v, float)}
+        for tracker in self.trackers:
+            tracker.log(step, numbers)
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.flush()
-            self._tb.close()
+        """Flush TensorBoard and close each tracker (once, however many times this is called)."""
+        trackers, self.trackers = self.trackers, []
+        try:
+            if self._tb is not None:
+                self._tb.flush()
+                self._tb.close()
+        finally:
+            for tracker in trackers:
+                tracker.close()
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -29,13 +29,14 @@ import torch
 from rich.progress import Progress
 
 from rlvr.algos.preference import PREFERENCE_LOSSES, preference_metrics, sequence_logps
-from rlvr.config import check_choice, check_device, check_range, resolve_device
+from rlvr.config import check_choice, check_device, check_range, resolve_device, to_dict
 from rlvr.errors import ConfigError, UserError
 from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint, save_model_dir
 from rlvr.model.inputs import pad_right
 from rlvr.model.load import ModelLoadConfig, load_model_and_tokenizer
 from rlvr.model.tokenizer import encode_chat_prompt, encode_completion
 from rlvr.monitor.metrics import MetricsLogger
+from rlvr.monitor.trackers import TrackerConfig, open_trackers
 from rlvr.tasks.pairs import PairFileConfig, PreferencePair, as_pair_file_config, load_pairs
 from rlvr.train.allocator import keep_freed_memory
 from rlvr.train.common import (OptimConfig, build_optimizer, clip_and_step, prepare_run_dir, restore_training_state,
@@ -84,6 +85,8 @@ class DPOConfig:
     """Optimizer and schedule."""
     log_every: int = 10
     """Log train/* every this many steps."""
+    trackers: TrackerConfig = field(default_factory=TrackerConfig)
+    """Experiment trackers beside metrics.jsonl and TensorBoard (rlvr.monitor.trackers): mlflow, wandb."""
     checkpoint_every: int = 50
     """Write a resumable checkpoint every this many steps (``--resume`` continues from it)."""
 
@@ -219,7 +222,8 @@ def run_dpo(cfg: DPOConfig, *, resume: bool = False, progress: bool = True) -> d
     first = 1
     if ckpt is not None:
         first = restore_training_state(ckpt, opt, sched, gen)["step"] + 1
-    logger = MetricsLogger(run_dir, resume_step=first - 1 if resume else None)
+    logger = MetricsLogger(run_dir, resume_step=first - 1 if resume else None,
+                           trackers=open_trackers(cfg.trackers, run_dir, to_dict(cfg)))
     metrics: dict[str, float] = {}
     with Progress(disable=not progress, transient=True) as bar:
         job = bar.add_task("dpo", total=steps, completed=first - 1)

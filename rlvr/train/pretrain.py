@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 import torch
 from rich.progress import Progress
 
-from rlvr.config import check_device, check_range, resolve_device
+from rlvr.config import check_device, check_range, resolve_device, to_dict
 from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint, save_model_dir
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.model.tiny import TinyModelConfig, build_tiny_model
 from rlvr.model.tokenizer import train_tokenizer
 from rlvr.monitor.metrics import MetricsLogger
+from rlvr.monitor.trackers import TrackerConfig, open_trackers
 from rlvr.tasks.base import DOMAINS
 from rlvr.train.allocator import keep_freed_memory
 from rlvr.train.common import (OptimConfig, build_optimizer, clip_and_step, prepare_run_dir, restore_training_state,
@@ -52,6 +53,8 @@ class PretrainConfig:
     """Optimizer and schedule."""
     log_every: int = 25
     """Log train/* every this many steps."""
+    trackers: TrackerConfig = field(default_factory=TrackerConfig)
+    """Experiment trackers beside metrics.jsonl and TensorBoard (rlvr.monitor.trackers): mlflow, wandb."""
     checkpoint_every: int = 100
     """Write a resumable checkpoint every this many steps (`--resume` continues from it)."""
 
@@ -101,7 +104,8 @@ def run_pretrain(cfg: PretrainConfig, *, resume: bool = False, progress: bool = 
     first = 1
     if ckpt is not None:
         first = restore_training_state(ckpt, opt, sched, gen)["step"] + 1
-    logger = MetricsLogger(run_dir, resume_step=first - 1 if resume else None)
+    logger = MetricsLogger(run_dir, resume_step=first - 1 if resume else None,
+                           trackers=open_trackers(cfg.trackers, run_dir, to_dict(cfg)))
     loss_value = float("nan")
     with Progress(disable=not progress, transient=True) as bar:
         job = bar.add_task("pretrain", total=cfg.steps, completed=first - 1)

@@ -24,11 +24,12 @@ import torch
 from rich.progress import Progress
 
 from rlvr.algos.losses import sft_loss
-from rlvr.config import check_device, check_range, resolve_device
+from rlvr.config import check_device, check_range, resolve_device, to_dict
 from rlvr.model.checkpoint import save_model_dir
 from rlvr.model.load import ModelLoadConfig, load_model_and_tokenizer
 from rlvr.model.tokenizer import encode_chat_prompt, encode_completion
 from rlvr.monitor.metrics import MetricsLogger
+from rlvr.monitor.trackers import TrackerConfig, open_trackers
 from rlvr.errors import ConfigError, UserError
 from rlvr.tasks.conversations import load_conversations
 from rlvr.tasks.rows import TaskFileConfig, as_file_config
@@ -77,6 +78,8 @@ class SFTConfig:
     """Optimizer and schedule."""
     log_every: int = 20
     """Log train/* every this many steps."""
+    trackers: TrackerConfig = field(default_factory=TrackerConfig)
+    """Experiment trackers beside metrics.jsonl and TensorBoard (rlvr.monitor.trackers): mlflow, wandb."""
     env: EnvConfig = field(default_factory=lambda: EnvConfig(max_turns=12, max_tokens=4096, max_context=4096))
     """Budgets for playing the expert demonstrations of multi-turn tasks (generous: a
     demonstration is dropped only if it fails its own verifier or the model's context)."""
@@ -158,7 +161,7 @@ def run_sft(cfg: SFTConfig, *, progress: bool = True) -> dict:
     examples += [conversation_ids(tokenizer, messages)
                  for path in cfg.conversation_files for messages in load_conversations(path)]
     opt, sched = build_optimizer(model, cfg.optim, cfg.steps)
-    logger = MetricsLogger(run_dir)
+    logger = MetricsLogger(run_dir, trackers=open_trackers(cfg.trackers, run_dir, to_dict(cfg)))
     gen = torch.Generator().manual_seed(cfg.seed)
     order = torch.randperm(len(examples), generator=gen).tolist()
     cursor, loss_value = 0, float("nan")
