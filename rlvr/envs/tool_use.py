@@ -18,17 +18,20 @@ The calculator runs in-process: it only walks an ``ast`` of numbers and operator
 An assistant turn without a tool call is the final answer and ends the episode. The verdict:
 
     ok           the answer (strict extraction, as the ``math`` verifier) equals the gold
-                 and is *supported*: it appears as a number in a successful tool result of
-                 this episode whose call's arguments do not already contain it. On a task with a
-                 database, that result must be grounded in the data: an ``sql`` result of a
-                 query that read ``items``, or a ``calculator`` result whose expression uses a
-                 number from such an ``sql`` result.
+                 and is *supported*: it appears as a number in a *grounded* tool result of this
+                 episode whose call's arguments do not already contain it. Grounded
+                 (``rlvr.envs.tool_grounding``): an ``sql`` result of a query that read
+                 ``items``, has no literal that is not in the question, and gives another
+                 result on each perturbed copy of the table; when it is the answer itself, the
+                 copies' results also show the gold of each copy (the expert's calls replayed
+                 there). A ``calculator`` result is grounded when every number of its
+                 expression is in the question or in an earlier grounded result.
     unsupported  the right value, but no tool result supports it (e.g. answered from memory)
     mismatch     a wrong answer (or not in final form)
     no_answer    no final answer, or several (``multiple_answers`` is folded into it)
 
-A failed verdict has score ``FOUND_SCORE`` (else 0) when a supporting tool result is exactly the
-gold value and nothing else (one number, so listing rows cannot earn it): the right call was made
+A failed verdict has score ``FOUND_SCORE`` (else 0) when a supporting (so grounded) tool result is
+exactly the gold value and nothing else (one number, so listing rows cannot earn it): the right call was made
 and its result not carried into the answer. ``passed`` stays False; the score is partial credit
 for ``reward.outcome: score`` (the agentic recipe uses it for ``tool.use``).
 """
@@ -38,10 +41,19 @@ from __future__ import annotations
 import ast
 import json
 import math
-import re
 from typing import Any
 
 from rlvr.envs.base import ENVS, EnvConfig, Step, ToolEnv
+from rlvr.envs.tool_grounding import (
+    NUMBER,
+    calc_operands,
+    numbers_in,
+    perturbed_tables,
+    question_numbers,
+    replay,
+    sql_literals_ok,
+    tracks,
+)
 from rlvr.envs.tools import Tool, ToolCallError
 from rlvr.types import Verdict
 from rlvr.verifiers.answer import extract_final_answer
@@ -61,9 +73,9 @@ MAX_CELL_CHARS = 40
 SQL_STEPS = 20_000  # progress-handler calls (every 1000 VM instructions): ~2e7 instructions
 MAX_ERROR_CHARS = 160
 
-FOUND_SCORE = 0.5  # score of a failed verdict whose tool result alone was the gold value
+BATCH_WALL_S = 10.0  # the grounding job (every query on every perturbed copy)
 
-_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")
+FOUND_SCORE = 0.5  # score of a failed verdict whose tool result alone was the gold value
 
 
 # ---------------------------------------------------------------- calculator (in-process, ast only)
@@ -136,48 +148,54 @@ def calculate(expression: str) -> str:
 
 # ---------------------------------------------------------------- sql (in the sandbox)
 
-# Trusted program run in the sandbox: stdin {"rows": [...], "query": str}; stdout one JSON line.
-SQL_RUNNER = r'''
+# Trusted program run in the sandbox. stdin {"rows": [...], "query": str}: stdout one JSON line
+# {"ok", "rows", "more", "read"} or {"ok": false, "error"}; or stdin {"tables": [rows, ...],
+# "runs": [[table index, query], ...]}: stdout {"outs": [one such dict per run]} (grounding).
+SQL_RUNNER = r"""
 import json, sqlite3, sys
+def run(rows, query):
+    try:
+        conn = sqlite3.connect(":memory:")
+        conn.execute("CREATE TABLE items(name TEXT, kind TEXT, price INTEGER, qty INTEGER)")
+        conn.executemany("INSERT INTO items VALUES (?, ?, ?, ?)", rows)
+        if hasattr(conn, "setlimit"):
+            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 100000)
+            conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+        allowed = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_FUNCTION, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
+        read = [False]
+        def authorize(action, arg1, arg2, db, trigger):
+            if action == sqlite3.SQLITE_READ:  # columns of the one table only (no sqlite_master)
+                read[0] = read[0] or arg1 == "items"
+                return sqlite3.SQLITE_OK if arg1 == "items" else sqlite3.SQLITE_DENY
+            return sqlite3.SQLITE_OK if action in allowed else sqlite3.SQLITE_DENY
+        conn.set_authorizer(authorize)
+        steps = [0]
+        def progress():
+            steps[0] += 1
+            return 1 if steps[0] > STEPS else 0
+        conn.set_progress_handler(progress, 1000)
+        cur = conn.execute(query)
+        rows = cur.fetchmany(MAX_ROWS + 1)
+        def cell(v):
+            if v is None:
+                return "NULL"
+            if isinstance(v, float):
+                return str(int(v)) if v.is_integer() and abs(v) < 1e18 else repr(round(v, 6))
+            if isinstance(v, bytes):
+                return "<blob>"
+            return str(v)[:MAX_CELL]
+        return {"ok": True, "rows": [", ".join(cell(v) for v in r) for r in rows[:MAX_ROWS]],
+                "more": len(rows) > MAX_ROWS, "read": read[0]}
+    except Exception as e:
+        msg = "query too long to run" if "interrupted" in str(e) else str(e)
+        return {"ok": False, "error": msg}
 req = json.loads(sys.stdin.read())
-out = {"ok": False}
-try:
-    conn = sqlite3.connect(":memory:")
-    conn.execute("CREATE TABLE items(name TEXT, kind TEXT, price INTEGER, qty INTEGER)")
-    conn.executemany("INSERT INTO items VALUES (?, ?, ?, ?)", req["rows"])
-    if hasattr(conn, "setlimit"):
-        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 100000)
-        conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-    allowed = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_FUNCTION, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
-    read = [False]
-    def authorize(action, arg1, arg2, db, trigger):
-        if action == sqlite3.SQLITE_READ:  # columns of the one table only (no sqlite_master)
-            read[0] = read[0] or arg1 == "items"
-            return sqlite3.SQLITE_OK if arg1 == "items" else sqlite3.SQLITE_DENY
-        return sqlite3.SQLITE_OK if action in allowed else sqlite3.SQLITE_DENY
-    conn.set_authorizer(authorize)
-    steps = [0]
-    def progress():
-        steps[0] += 1
-        return 1 if steps[0] > STEPS else 0
-    conn.set_progress_handler(progress, 1000)
-    cur = conn.execute(req["query"])
-    rows = cur.fetchmany(MAX_ROWS + 1)
-    def cell(v):
-        if v is None:
-            return "NULL"
-        if isinstance(v, float):
-            return str(int(v)) if v.is_integer() and abs(v) < 1e18 else repr(round(v, 6))
-        if isinstance(v, bytes):
-            return "<blob>"
-        return str(v)[:MAX_CELL]
-    out = {"ok": True, "rows": [", ".join(cell(v) for v in r) for r in rows[:MAX_ROWS]],
-           "more": len(rows) > MAX_ROWS, "read": read[0]}
-except Exception as e:
-    msg = "query too long to run" if "interrupted" in str(e) else str(e)
-    out = {"ok": False, "error": msg}
+if "runs" in req:
+    out = {"outs": [run(req["tables"][t], q) for t, q in req["runs"]]}
+else:
+    out = run(req["rows"], req["query"])
 sys.stdout.write(json.dumps(out) + "\n")
-'''
+"""
 SQL_RUNNER = (SQL_RUNNER.replace("STEPS", str(SQL_STEPS)).replace("MAX_ROWS", str(MAX_ROWS))
               .replace("MAX_CELL", str(MAX_CELL_CHARS)))
 
@@ -191,17 +209,13 @@ def format_rows(rows: list[str], more: bool) -> str:
 # ---------------------------------------------------------------- the environment
 
 
-def numbers_in(text: str) -> list[str]:
-    return _NUMBER.findall(text)
-
-
 def _contains(text: str, gold: str) -> bool:
     return any(answers_equal(n, gold) for n in numbers_in(text))
 
 
 def _is(text: str, gold: str) -> bool:
     """``text`` is one number, equal to ``gold``."""
-    return _NUMBER.fullmatch(text.strip()) is not None and answers_equal(text.strip(), gold)
+    return NUMBER.fullmatch(text.strip()) is not None and answers_equal(text.strip(), gold)
 
 
 @ENVS.register("tool.use")
@@ -214,9 +228,10 @@ class ToolUseEnv(ToolEnv):
         super().__init__(cfg, sandbox=sandbox)
         self.log: list[dict[str, Any]] = []
         self.answer_text = ""
+        self._grounding: tuple[int, Any] | None = None  # (log length, _perturbed's answer)
 
     def reset(self, task):
-        self.log, self.answer_text = [], ""
+        self.log, self.answer_text, self._grounding = [], "", None
         return super().reset(task)
 
     # -- tools
@@ -287,26 +302,88 @@ class ToolUseEnv(ToolEnv):
 
     def supported(self, gold: str, *, alone: bool = False) -> bool:
         """Whether some successful tool result this episode supports ``gold`` (module docstring);
-        ``alone``: a result that is exactly one number, equal to ``gold``."""
-        has_db = bool(self.task.spec.payload.get("rows"))
-        grounded: list[str] = []  # numbers from sql results that read the table
-        for entry in self.log:
+        ``alone``: a result that is exactly one number, equal to ``gold``. Grounding rules:
+        ``rlvr.envs.tool_grounding``."""
+        if not any(e["ok"] and _contains(e["result"], gold) for e in self.log):
+            return False  # nothing to ground: no sandbox run
+        payload = self.task.spec.payload
+        has_db = bool(payload.get("rows"))
+        prompt = " ".join(m["content"] for m in self.task.prompt if m.get("role") == "user")
+        known = set(question_numbers(prompt))  # numbers a calculator expression may use
+        perturbed, golds = self._perturbed(prompt) if has_db else ({}, None)
+        for i, entry in enumerate(self.log):
             if not entry["ok"]:
                 continue
-            args_text = " ".join(str(v) for v in entry["arguments"].values())
+            result = entry["result"]
             if entry["name"] == "sql":
-                if not entry["read"]:
-                    continue
-                grounded.extend(numbers_in(entry["result"]))
-                source_ok = True
+                runs = perturbed.get(i)
+                if runs is None or any(r == result for r in runs):
+                    continue  # not a literal-clean query of the table, or its result ignores the data
+                tracked = golds is None or tracks(result, runs, gold, golds, answers_equal)
             else:
-                source_ok = not has_db or any(
-                    any(answers_equal(n, g) for g in grounded) for n in numbers_in(args_text))
-            if not source_ok or _contains(args_text, gold):
+                operands = calc_operands(entry["arguments"]["expression"])
+                if operands is None or not all(x in known for x in operands):
+                    continue  # a number from neither the question nor a grounded result
+                tracked = True
+            known.update(float(n) for n in numbers_in(result))
+            args_text = " ".join(str(v) for v in entry["arguments"].values())
+            if not tracked or _contains(args_text, gold):
                 continue
-            if _is(entry["result"], gold) if alone else _contains(entry["result"], gold):
+            if _is(result, gold) if alone else _contains(result, gold):
                 return True
         return False
+
+    def _perturbed(self, prompt: str) -> tuple[dict[int, list[str]], list[str] | None]:
+        """For each literal-clean sql call that read the table (log index), its results on the
+        perturbed copies; and the gold on each copy (the expert replayed; None when the task has
+        no expert calls or they cannot be replayed). One sandbox job, cached per episode."""
+        if self._grounding is not None and self._grounding[0] == len(self.log):
+            return self._grounding[1]
+        payload = self.task.spec.payload
+        tables = perturbed_tables(payload["rows"], self.task.key or self.task.id)
+        mine = [i for i, e in enumerate(self.log) if e["name"] == "sql" and e["ok"] and e["read"]
+                and sql_literals_ok(e["arguments"]["query"], prompt)]
+        calls = [(n, a) for n, a in payload.get("calls") or []]
+        expert = [a["query"] for n, a in calls if n == "sql"]
+        queries = [self.log[i]["arguments"]["query"] for i in mine] + expert
+        outs = self._run_batch(tables, queries)
+        per = len(tables)
+        perturbed: dict[int, list[str]] = {}
+        for n, i in enumerate(mine):
+            runs = outs[n * per:(n + 1) * per]
+            if all(r is not None for r in runs):
+                perturbed[i] = runs
+        golds: list[str] | None = None
+        if calls:
+            base = len(mine) * per
+            golds = [replay(calls, payload.get("results") or [],
+                            [outs[base + q * per + k] for q in range(len(expert))], calculate)
+                     for k in range(per)]
+            golds = None if any(g is None for g in golds) else golds
+        self._grounding = (len(self.log), (perturbed, golds))
+        return perturbed, golds
+
+    def _run_batch(self, tables: list[list[list]], queries: list[str]) -> list[str | None]:
+        """Each query on each table (query-major), in one sandbox job: the formatted result, or
+        None where it failed. All None if the job itself failed (fail closed)."""
+        from rlvr.sandbox.types import Job, Limits
+
+        runs = [[k, q] for q in queries for k in range(len(tables))]
+        if not runs:
+            return []
+        wall = min(BATCH_WALL_S, 1.0 + 0.5 * len(runs))
+        job = Job.run_program(SQL_RUNNER, stdin=json.dumps({"tables": tables, "runs": runs}),
+                              limits=Limits(wall_s=wall, cpu_s=max(1, int(wall)), memory_mb=1024,
+                                            output_kb=64))
+        r = self._sandbox().run(job)
+        try:
+            outs = json.loads(r.stdout.strip().splitlines()[-1])["outs"] if r.status == "ok" else []
+        except (json.JSONDecodeError, IndexError, KeyError, TypeError):
+            outs = []
+        if len(outs) != len(runs):
+            return [None] * len(runs)
+        return [format_rows(list(o["rows"]), bool(o.get("more"))) if o.get("ok") else None
+                for o in outs]
 
     def _verify(self) -> Verdict:
         gold = str(self.task.spec.payload["answer"])
