@@ -127,7 +127,24 @@ def test_code_repair_changes_are_diffs_against_the_file_the_episode_read(tmp_pat
     assert '<span class="add">+    return a + b</span>' in html
     assert "not read earlier in the episode: the whole written text" in html  # notes.txt
     assert '<span class="add">+fixed the sign</span>' in html
+    assert "files changed over the episode" in html
     assert "call <b>read_file</b>" in html and "tool result: read_file" in html
+
+
+def test_an_episode_that_changes_a_file_twice_shows_the_net_diff(tmp_path):
+    from rlvr.report.conversation import file_changes
+
+    messages = _repair_episode()[:6] + [
+        {"role": "assistant", "content": '<tool_call>{"name": "replace", "arguments": {"path": "ops.py", '
+                                         '"old": "a + b", "new": "b + a"}}</tool_call>'},
+        {"role": "tool", "name": "replace", "content": "ok"},
+        {"role": "assistant", "content": '<tool_call>{"name": "replace", "arguments": {"path": "ops.py", '
+                                         '"old": "b + a", "new": "b * a"}}</tool_call>'},
+        {"role": "tool", "name": "replace", "content": "error: old text not found in ops.py"},
+    ]
+    per_call, net = file_changes(messages)
+    assert sorted(per_call) == [4, 6, 8]  # every change asked for, the refused one too
+    assert net == {"ops.py": (OPS, "def add(a, b):\n    return b + a\n")}  # what the accepted ones did
 
 
 def test_older_lines_get_an_id_domain_and_level_from_their_task_id(tmp_path):

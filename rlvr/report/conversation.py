@@ -50,7 +50,7 @@ def conversation(t: dict) -> list[dict]:
 
 
 def render_conversation(messages: list[dict]) -> str:
-    diffs = file_changes(messages)
+    diffs, net = file_changes(messages)
     out = []
     for i, m in enumerate(messages):
         role = str(m.get("role", "?"))
@@ -67,6 +67,9 @@ def render_conversation(messages: list[dict]) -> str:
                 body = f"<details><summary>{escape(content[:120])}…</summary>{body}</details>"
         kind = role.split(":")[0].replace(" ", "-")
         out.append(f'<div class="msg {escape(kind)}"><div class="role">{escape(role)}</div>{body}</div>')
+    if net:
+        out.append('<div class="msg files"><div class="role">files changed over the episode</div>'
+                   + "".join(render_diff(path, before, after, "") for path, (before, after) in net.items()) + "</div>")
     return "".join(out)
 
 
@@ -121,10 +124,12 @@ def parse_call(body: str) -> tuple[str, dict] | None:
     return obj["name"], args if isinstance(args, dict) else {"arguments": args}
 
 
-def file_changes(messages: list[dict]) -> dict[int, str]:
+def file_changes(messages: list[dict]) -> tuple[dict[int, str], dict[str, tuple[str, str]]]:
     """``{message index: diff HTML}`` for the ``write_file`` / ``replace`` calls of an episode,
-    against the workspace as its ``read_file`` results and earlier successful changes show it."""
+    against the workspace as its ``read_file`` results and earlier successful changes show it;
+    and ``{path: (first read text, final text)}`` of the files those calls changed."""
     files: dict[str, str] = {}
+    first: dict[str, str] = {}
     out: dict[int, str] = {}
     for i, m in enumerate(messages):
         bodies = CALL_PATTERN.findall(str(m.get("content", ""))) if m.get("role") == "assistant" else []
@@ -140,6 +145,7 @@ def file_changes(messages: list[dict]) -> dict[int, str]:
             continue
         if name == "read_file" and ok and "[... cut:" not in result:
             files[path] = result
+            first.setdefault(path, result)
         elif name == "write_file" and isinstance(args.get("content"), str):
             before = files.get(path)
             note = "" if before is not None else "not read earlier in the episode: the whole written text"
@@ -155,7 +161,8 @@ def file_changes(messages: list[dict]) -> dict[int, str]:
                     files[path] = after
             else:
                 out[i] = render_diff(path, args["old"], args["new"], "the file's text is unknown here: the replaced snippet")
-    return out
+    net = {p: (first[p], files[p]) for p in first if files[p] != first[p]}
+    return out, net
 
 
 def render_diff(path: str, before: str, after: str, note: str) -> str:

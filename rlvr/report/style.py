@@ -57,6 +57,7 @@ ul.flags { margin: 4px 0 8px; padding-left: 18px; }
 .msg.user { border-color: #0969da; }
 .msg.assistant { border-color: #8250df; }
 .msg.tool-result { border-color: #bf8700; }
+.msg.files { border-color: #1a7f37; }
 .text { white-space: pre-wrap; word-break: break-word; margin: 2px 0; }
 pre .lang { display: block; font-size: 10px; color: var(--muted); }
 .call { border: 1px dashed #b392f0; border-radius: 4px; padding: 4px 8px; margin: 4px 0; background: #fbf8ff; }
