@@ -91,7 +91,30 @@ def test_mlflow_run_holds_the_metrics_jsonl_numbers_and_the_config(tmp_path, no_
     for name, values in series.items():
         history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, mlflow_name(name))}
         assert same(history, values), name
+    assert run.data.tags["rlvr.run_dir"] == str((tmp_path / "run").resolve())
     assert not list(tmp_path.glob("run/mlruns")) and not Path("mlruns").exists()  # no file store, no stray dir
+
+    resumed = MetricsLogger(tmp_path / "run", tensorboard=False, resume_step=2,
+                            trackers=open_trackers(TrackerConfig(use=["mlflow"]), tmp_path / "run", PARAMS))
+    resumed.log(3, {"train/loss": 1.5})
+    resumed.close()
+    second = [r for r in client.search_runs([run.info.experiment_id]) if r.info.run_id != run.info.run_id]
+    assert [(m.step, m.value) for m in client.get_metric_history(second[0].info.run_id, "train/loss")] == [(3, 1.5)]
+
+
+def test_mlflow_uri_set_by_the_user_is_where_the_run_goes(tmp_path):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'shared.db'}"
+    (tracker,) = open_trackers(TrackerConfig(use=["mlflow"], mlflow_uri=uri, project="p", run_name="r"),
+                               tmp_path / "run", {})
+    tracker.log(7, {"train/loss": 0.5})
+    tracker.close()
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("p").experiment_id])
+    assert run.info.run_name == "r" and run.data.metrics == {"train/loss": 0.5}
+    assert not (tmp_path / "run" / "mlflow.db").exists()
 
 
 def wandb_records(path: Path) -> list:
