@@ -16,6 +16,7 @@ from rlvr.cli import main
 from rlvr.report import write_report
 from rlvr.report.build import read_run, select_trajectories
 from rlvr.report.charts import line_chart, ticks
+from rlvr.report.html import alerts
 
 DOMAINS = ["code.repair", "math.arith", "math.word"]
 SCRIPT = "<script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned = 2\">"
@@ -191,6 +192,24 @@ def test_each_step_shows_a_few_samples_of_different_tasks(tmp_path):
     flagged, by_step = select_trajectories(read_run(run), per_step=3)
     assert [t["id"] for t in flagged] == ["5-0"]  # flagged and linked from the alert
     assert [t["completion"] for t in by_step[6]] == ["0", "4", "8"]  # one of each task first
+
+
+def test_flagged_samples_past_the_limit_are_named_not_shown_and_alert_links_come_first(tmp_path):
+    run = make_run(tmp_path)
+    flag = [{"detector": "length", "severity": "warning", "note": "long"}]
+    rows = [{"id": f"6-{i}", "task_id": "math.arith/v1/train/1/000001", "completion": "", "flags": flag}
+            for i in range(5)]
+    (run / "trajectories" / "step_6.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with (run / "alerts.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 6, "detector": "length", "severity": "warning", "evidence": {},
+                            "trajectory_ids": ["6-4", "6-3", "6-1"], "action": "logged"}) + "\n")
+    data = read_run(run)
+    flagged, _ = select_trajectories(data, max_flagged=3, per_step=0)
+    assert [t["id"] for t in flagged] == ["5-0", "6-1", "6-3"]
+    table = alerts(data, {t["id"] for t in flagged})
+    assert '<a href="#traj-6-3">6-3</a>' in table and "5-9 (not kept)" in table
+    assert "6-4 (not shown: past the report's limit)" in table
+
 
 
 def test_charts_skip_empty_series_and_choose_round_ticks():

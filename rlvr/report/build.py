@@ -132,10 +132,11 @@ def normalise(row: dict, step: int, index: int) -> dict:
 
 def select_trajectories(data: RunData, per_step: int = 4, max_flagged: int = 40) -> tuple[list[dict], dict[int, list[dict]]]:
     """What the report renders: the flagged samples (flags, kept ``flagged``, or linked from an
-    alert; at most ``max_flagged``) and, per step, the first ``per_step`` others."""
+    alert; at most ``max_flagged``, those linked from an alert first) and, per step, the first
+    ``per_step`` others."""
     linked = {str(i) for a in data.alerts for i in a.get("trajectory_ids", []) or []}
     flagged = [t for t in data.trajectories if t["flags"] or t["kept"] == "flagged" or t["id"] in linked]
-    flagged = flagged[:max_flagged]
+    flagged = sorted(flagged, key=lambda t: t["id"] not in linked)[:max_flagged]
     shown = {t["id"] for t in flagged}
     by_step: dict[int, list[dict]] = {}
     for t in data.trajectories:

@@ -141,14 +141,18 @@ def _eval_row(name: str, cells: list[dict | None], kind: str) -> str:
 def alerts(data: RunData, shown: set[str]) -> str:
     if not data.alerts:
         return "<p>No alerts were raised.</p>"
+    kept = {t["id"] for t in data.trajectories}
     rows = []
     for a in data.alerts:
         evidence = a.get("evidence") if isinstance(a.get("evidence"), dict) else {}
         links = []
         for raw in a.get("trajectory_ids", []) or []:
             tid = escape(str(raw))
-            links.append(f'<a href="#traj-{tid}">{tid}</a>' if str(raw) in shown
-                         else f'<span class="muted">{tid} (not kept)</span>')
+            if str(raw) in shown:
+                links.append(f'<a href="#traj-{tid}">{tid}</a>')
+            else:
+                why = "not shown: past the report's limit" if str(raw) in kept else "not kept"
+                links.append(f'<span class="muted">{tid} ({why})</span>')
         where = a.get("domain") or a.get("group") or ""
         rows.append(f"<tr class='sev-{escape(str(a.get('severity', '')))}'><td>{escape(str(a.get('step', '')))}</td>"
                     f"<td>{escape(str(a.get('detector', '')))}</td><td>{escape(str(a.get('severity', '')))}</td>"
