@@ -24,6 +24,10 @@ function that raises ``AssertionError`` naming what is wrong:
   the true KL; masked tokens do not count; micro-batches sum to the batch).
 - ``check_suite``: an eval suite builds exactly its task count from the eval split of its domains
   and levels, without duplicates, deterministically (the same fingerprint twice).
+- ``check_detector``: a detector has a ``monitor`` section of its name whose actions fit its kind
+  (sample: log, zero, stop; step: log, stop) and default to log; on empty input and on a healthy
+  batch (honest answers and code) or history (steady metrics, evals included) it finds nothing,
+  without changing its input, and docs/monitoring.md describes it.
 - ``check_preference_loss``: per-pair outputs of the registry signature, finite, detached rewards,
   gradients to both policy log-probs pointing towards the chosen response; pairs are independent;
   swapping chosen and rejected swaps the rewards; a loss that needs the reference depends on
@@ -47,6 +51,7 @@ import pkgutil
 import random
 import re
 import string
+from pathlib import Path
 
 import pytest
 import torch
@@ -64,6 +69,9 @@ from rlvr.envs.base import (BUDGET_FINISHES, ENVS, NATURAL_FINISHES, EnvConfig, 
                             make_env, play)
 from rlvr.envs.tools import MAX_RESULT_CHARS, Tool
 from rlvr.eval.suites import SUITES, fingerprint, tasks_of
+from rlvr.monitor.alerts import SEVERITIES
+from rlvr.monitor.config import SAMPLE_ACTIONS, STEP_ACTIONS, MonitorConfig
+from rlvr.monitor.detectors import DETECTORS
 from rlvr.registry import Registry
 from rlvr.sandbox import Sandbox, choose, plaindata
 from rlvr.tasks.base import DOMAINS, SPLITS, Domain, Problem, generate_tasks, overlap
@@ -815,7 +823,8 @@ def check_preference_loss(name: str) -> None:
 # ---------------------------------------------------------------- the registries and their tests
 
 
-CHECKED = [DOMAINS, VERIFIERS, ENVS, ADVANTAGES, POLICY_LOSSES, AGGREGATIONS, KL_ESTIMATORS, PREFERENCE_LOSSES, SUITES]
+CHECKED = [DOMAINS, VERIFIERS, ENVS, ADVANTAGES, POLICY_LOSSES, AGGREGATIONS, KL_ESTIMATORS, PREFERENCE_LOSSES, SUITES,
+           DETECTORS]
 
 
 def rlvr_registries() -> dict[int, tuple[str, Registry]]:
@@ -868,6 +877,65 @@ def check_suite(name: str) -> None:
     assert all(t.id.split("/")[2] == "eval" for t in tasks), "a suite holds eval-split tasks only"
     assert len({(t.domain, t.key) for t in tasks}) == len(tasks)
     assert fingerprint(tasks_of(suite)) == fingerprint(tasks)
+
+
+def _healthy_batch() -> list:
+    """Honest samples: right and wrong math answers, code that computes its function."""
+    from rlvr.types import Scored, Trajectory
+
+    samples = [(t, f"Answer: {t.spec.payload['answer']}", True, {}) for t in generate_tasks("math.arith", "train", 2, seed=0)]
+    samples += [(t, "40 + 2 is 42.\nAnswer: 1", False, {}) for t, _, _, _ in samples]
+    samples += [(t, t.reference, True, {"code": t.reference.removeprefix("```python\n").removesuffix("```")})
+                for t in generate_tasks("code.gen", "train", 2, seed=0)]
+    out = []
+    for i, (task, text, ok, details) in enumerate(samples):
+        traj = Trajectory(task_id=task.id, group_id=i, messages=task.prompt, completion=text, token_ids=(1, 2, 3),
+                          loss_mask=(0, 1, 1), logprobs=(0.0, -0.7, -1.2), finish_reason="stop")
+        out.append(Scored(task, traj, Verdict(ok, float(ok), "ok" if ok else "mismatch", details), float(ok),
+                          {"outcome": float(ok)}))
+    return out
+
+
+def _healthy_history(steps: int = 30) -> list[dict]:
+    """Steady metrics of a learning run: reward and pass rates creeping up, evals with them."""
+    rows = []
+    for step in range(1, steps + 1):
+        p = 0.3 + 0.005 * step
+        row = {"step": step, "rollout/reward_mean": p, "rollout/pass_rate": p, "rollout/pass_rate/math.arith": p,
+               "rollout/group_reward_std": 0.4, "rollout/kept_frac": 0.8, "rollout/response_tokens_mean": 30.0 + step % 3,
+               "rollout/truncated_frac": 0.05, "rollout/entropy": 1.0 - 0.01 * step, "rollout/logprob_mismatch_kl": 1e-6,
+               "train/pg_loss": 0.01, "train/grad_norm": 1.5, "train/kl": 0.01 + 0.0002 * step}
+        if step % 10 == 0:
+            row.update({"eval/pass@1": p, "eval/pass@1/math.arith": p})
+        rows.append(row)
+    return rows
+
+
+def check_detector(name: str) -> None:
+    d = DETECTORS.get(name)
+    assert d.name == name and d.kind in ("sample", "step") and d.severity in SEVERITIES and d.watches
+    assert name in MonitorConfig.detector_names(), f"MonitorConfig has no section '{name}'"
+    section = MonitorConfig().detector(name)
+    assert section.NAME == name and section.enabled and section.action == "log"
+    assert section.ACTIONS == (SAMPLE_ACTIONS if d.kind == "sample" else STEP_ACTIONS)
+    data = _healthy_batch() if d.kind == "sample" else _healthy_history()
+    before = json.dumps([s.to_dict() for s in data] if d.kind == "sample" else data, sort_keys=True)
+    if d.kind == "sample":
+        assert d.check([], section) == {}
+        assert d.check(data, section) == {}, f"{name} flags honest samples"
+    else:
+        assert d.check([], section) == []
+        for n in range(1, len(data) + 1):
+            assert d.check(data[:n], section) == [], f"{name} fires on a healthy history at step {n}"
+    after = json.dumps([s.to_dict() for s in data] if d.kind == "sample" else data, sort_keys=True)
+    assert before == after, f"{name} changed its input"
+    docs = (Path(rlvr.__file__).parent.parent / "docs" / "monitoring.md").read_text()
+    assert f"`{name}`" in docs, f"docs/monitoring.md does not describe {name}"
+
+
+@pytest.mark.parametrize("name", DETECTORS.names())
+def test_detector_conforms(name):
+    check_detector(name)
 
 
 @pytest.mark.parametrize("name", SUITES.names())

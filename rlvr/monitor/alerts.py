@@ -1,13 +1,53 @@
 """Alerts of a run: one JSON line each in ``<run>/alerts.jsonl`` and one printed line.
 
-An alert is a dict with at least ``step``, ``detector``, ``severity`` and ``evidence``. On resume
-the file is cut back to the checkpoint's step, like ``metrics.jsonl``.
+An alert is a dict with at least ``step``, ``detector``, ``severity`` and ``evidence``. The
+detectors' alerts (``rlvr.monitor.detectors``, made by ``make_alert``) are exactly
+
+    {"step": int, "detector": str, "severity": "info" | "warning" | "critical", "evidence": {...},
+     "trajectory_ids": ["<step>-<index in batch>", ...], "action": "logged" | "zeroed" | "stopped",
+     "domain": str (only when the alert concerns one domain)}
+
+(the curriculum's seesaw writes its own: ``group`` and ``action: "raised weight"``). On resume the
+file is cut back to the checkpoint's step, like ``metrics.jsonl``. ``RunStopped`` is the error a
+detector with action ``stop`` ends a run with, after its alert is written.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+from rlvr.errors import UserError
+
+SEVERITIES = ("info", "warning", "critical")
+ACTIONS = {"log": "logged", "zero": "zeroed", "stop": "stopped"}  # config action -> what the alert says
+
+
+def make_alert(step: int, detector: str, severity: str, evidence: dict[str, Any], trajectory_ids: list[str],
+               action: str, domain: str | None = None) -> dict[str, Any]:
+    """One detector alert (the schema above); ``action`` is the config's ``log | zero | stop``."""
+    if severity not in SEVERITIES:
+        raise ValueError(f"alert severity {severity!r}; choose one of: {', '.join(SEVERITIES)}")
+    alert = {"step": int(step), "detector": detector, "severity": severity, "evidence": evidence,
+             "trajectory_ids": list(trajectory_ids), "action": ACTIONS[action]}
+    if domain is not None:
+        alert["domain"] = domain
+    return alert
+
+
+class RunStopped(UserError):
+    """A detector with action ``stop`` ended the run (its alert is in ``alerts.jsonl``).
+    ``checkpoint``: the model is at a step boundary, so the trainer may save it before exiting."""
+
+    def __init__(self, alert: dict[str, Any], alerts_path: Path, checkpoint: bool = True) -> None:
+        self.alert, self.checkpoint = alert, checkpoint
+        name = alert["detector"]
+        ids = alert.get("trajectory_ids") or []
+        what = f"{len(ids)} sample(s) flagged" if ids else ", ".join(f"{k}={v}" for k, v in alert["evidence"].items())
+        where = f" [{alert['domain']}]" if "domain" in alert else ""
+        super().__init__(f"run stopped at step {alert['step']} by detector '{name}'{where} "
+                         f"(monitor.{name}.action = stop): {what}; see {alerts_path}")
 
 
 class AlertLog:
@@ -27,7 +67,7 @@ class AlertLog:
         if self.echo is not None:
             evidence = ", ".join(f"{k}={v}" for k, v in alert.get("evidence", {}).items())
             self.echo(f"[alert] step {alert['step']} {alert['detector']} ({alert['severity']}): "
-                      f"{alert.get('group', '')} {evidence}; {alert.get('action', 'logged')}")
+                      f"{alert.get('group', alert.get('domain', ''))} {evidence}; {alert.get('action', 'logged')}")
 
 
 def read_alerts(run_dir: str | Path) -> list[dict]:

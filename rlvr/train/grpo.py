@@ -53,8 +53,10 @@ from rlvr.model.checkpoint import (
     save_model_dir,
 )
 from rlvr.model.load import ModelLoadConfig, load_model_and_tokenizer
-from rlvr.monitor.alerts import AlertLog, read_alerts
+from rlvr.monitor.alerts import AlertLog, RunStopped, read_alerts
+from rlvr.monitor.config import MonitorConfig
 from rlvr.monitor.metrics import MetricsLogger, read_metrics
+from rlvr.monitor.watch import Monitor
 from rlvr.rewards import RewardConfig, score_all
 from rlvr.envs.base import EnvConfig
 from rlvr.rollout.async_rollout import AsyncConfig, AsyncRollout, parity_kl
@@ -219,8 +221,12 @@ class GRPOConfig:
     """Write a resumable checkpoint every this many steps (and at the end)."""
     keep_checkpoints: int = 2
     """Checkpoints kept on disk."""
-    save_trajectories_every: int = 10
-    """Write the first groups of a step to trajectories/step_N.jsonl every this many steps."""
+    save_trajectories_every: int = 1
+    """Write the sampled share of a step's samples (``monitor.sample_share``) to
+    trajectories/step_N.jsonl every this many steps; flagged samples are written at every step."""
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    """Detectors of reward hacking and training trouble, their thresholds and actions (log, zero
+    the flagged rewards, stop), and the trajectory sample (docs/monitoring.md)."""
     asynchronous: AsyncConfig = field(default_factory=AsyncConfig)
     """Asynchronous mode: generation, verification and updates overlap (docs/async.md)."""
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
@@ -235,6 +241,7 @@ class GRPOConfig:
         if not self.domains and not self.task_files:
             raise ConfigError("no training tasks: set 'domains' (built-in) or 'task_files' (--tasks FILE)")
         check_range("checkpoint_every", self.checkpoint_every, 1)
+        check_range("save_trajectories_every", self.save_trajectories_every, 1)
         if self.eval_suite:
             get_suite(self.eval_suite)  # an unknown name or a bad file stops here, naming it
         for name, w in self.domain_weights.items():
@@ -261,25 +268,30 @@ def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) ->
                 timer = Timer()
                 with timer("wait"):
                     batch = source.next(trainer_version=step - 1)
+                with timer("monitor"):
+                    scored = run.monitor.screen(step, batch.scored)  # sample detectors: alert, zero or stop
                 with timer("advantage"):
-                    kept, advantages = compute_advantages(batch.scored, cfg)
+                    kept, advantages = compute_advantages(scored, cfg)
                 with timer("update"):
                     train_metrics = update(run, kept, advantages, cfg)
                 with timer("weight_sync"):
                     source.push(run.model, version=step)
                 run.pool_state = batch.pool_state
-                metrics = {**rollout_metrics(batch.scored, kept), **train_metrics,
+                metrics = {**rollout_metrics(scored, kept), **train_metrics, **run.monitor.counts,
                            **mismatch_metric(run, batch, train_metrics, cfg), **source.metrics(batch, step - 1)}
                 if cfg.eval_every and step % cfg.eval_every == 0:
                     with timer("eval"):
                         metrics.update(periodic_eval(run, cfg, step))
                 run.step = step
                 run.logger.log(step, {**metrics, **timer.pop()})
-                if step % cfg.save_trajectories_every == 0:
-                    save_trajectories(run.dir, step, batch.scored)
+                run.monitor.keep(step, scored)  # trajectories/step_N.jsonl: the sampled share + the flagged
+                run.monitor.watch(step, metrics)  # step detectors over the metrics history: alert or stop
                 if step % cfg.checkpoint_every == 0 or step == cfg.steps:
                     checkpoint(run, cfg)
                 bar.update(job, advance=1, description=f"grpo reward {metrics['rollout/reward_mean']:.2f}")
+    except RunStopped as stop:
+        stopped(run, cfg, stop)
+        raise
     finally:
         source.close()
     run.logger.close()
@@ -320,7 +332,8 @@ class Run:
     envs: EnvPool | None = None  # environment instances of multi-turn tasks, reused step to step
     pool_state: dict | None = None  # async: pool state after the newest trained batch's draw
     eval_tasks: list[Task] = field(default_factory=list)  # the periodic eval suite, built once
-    alerts: AlertLog | None = None  # alerts.jsonl (seesaw control)
+    alerts: AlertLog | None = None  # alerts.jsonl (seesaw control, the detectors)
+    monitor: Monitor | None = None  # the detectors and the trajectory sample
 
 
 def setup(cfg: GRPOConfig, resume: bool) -> Run:
@@ -356,8 +369,10 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
         step = state["step"]
     logger = MetricsLogger(run_dir, resume_step=step if resume else None)
     alerts = AlertLog(run_dir, resume_step=step if resume else None)
+    monitor = Monitor(cfg.monitor, run_dir, alerts, cfg.reward, seed=cfg.seed, history=read_metrics(run_dir),
+                      trajectories_every=cfg.save_trajectories_every)  # history: the metrics resumed from
     return Run(cfg, run_dir, model, tokenizer, ref_model, optimizer, scheduler, pool, generator, logger, step,
-               time.perf_counter(), sandbox, envs, eval_tasks=eval_tasks, alerts=alerts)
+               time.perf_counter(), sandbox, envs, eval_tasks=eval_tasks, alerts=alerts, monitor=monitor)
 
 
 def eval_task_set(cfg: GRPOConfig) -> list[Task]:
@@ -459,16 +474,21 @@ def update(run: Run, kept: list[Scored], advantages: list[float], cfg: GRPOConfi
             mini = select(batch, order[start: start + mb])
             totals = {"num_tokens": float(mini.loss_mask.sum()), "num_seqs": float(mini.input_ids.shape[0]),
                       "max_tokens": budget}
+            mini_loss = 0.0
             for ustart in range(0, mini.input_ids.shape[0], a.microbatch_size):
                 micro = mini if mini.input_ids.shape[0] <= a.microbatch_size else \
                     select(mini, torch.arange(ustart, min(ustart + a.microbatch_size, mini.input_ids.shape[0])))
                 loss, metrics = micro_loss(run.model, micro, a, totals, is_cap=cfg.asynchronous.is_cap)
                 loss.backward()
+                mini_loss += metrics["pg_loss"]
                 if "train/grad_norm" not in sums:  # no optimizer step yet: trainer == engine weights
                     mismatch.append(metrics.pop("logprob_mismatch_kl"))
                 metrics.pop("logprob_mismatch_kl", None)
                 for k, v in metrics.items():
                     sums[f"train/{k}"].append(v)
+            if run.monitor.stops_on_nonfinite:  # before the step: NaN/inf never reaches the weights
+                run.monitor.guard_finite(run.step + 1, {"train/pg_loss": mini_loss, "train/grad_norm": grad_norm(run.model)},
+                                         at_boundary="train/grad_norm" not in sums)
             sums["train/grad_norm"].append(clip_and_step(run.model, run.optimizer, run.scheduler, cfg.optim.grad_clip))
     out = {k: sum(v) / len(v) for k, v in sums.items()}
     out["train/lr"] = run.scheduler.get_last_lr()[0]
@@ -477,6 +497,11 @@ def update(run: Run, kept: list[Scored], advantages: list[float], cfg: GRPOConfi
     out["rollout/logprob_mismatch_kl"] = sum(mismatch) / len(mismatch)
     out.update(off_policy)
     return out
+
+
+def grad_norm(model: torch.nn.Module) -> float:
+    """The total L2 norm of the gradients (what ``clip_and_step`` clips), without stepping."""
+    return float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]))
 
 
 def logprobs_of(model, batch: Batch, a: AlgoConfig) -> torch.Tensor:
@@ -576,6 +601,8 @@ def rollout_metrics(scored: list[Scored], kept: list[Scored]) -> dict:
         "rollout/response_tokens_mean": sum(s.trajectory.num_policy_tokens for s in scored) / n,
         "rollout/truncated_frac": sum(s.trajectory.finish_reason == "length" for s in scored) / n,
         "rollout/kept_frac": len(kept) / n,
+        "rollout/entropy": sampled_entropy(scored),
+        "rollout/group_reward_std": group_reward_std(scored),
     }
     played = [s.trajectory.episode for s in scored if s.trajectory.episode]
     if played:  # multi-turn episodes: how long they ran and how they ended
@@ -590,6 +617,22 @@ def rollout_metrics(scored: list[Scored], kept: list[Scored]) -> dict:
     for domain, passed in by_domain.items():
         out[f"rollout/pass_rate/{domain}"] = sum(passed) / len(passed)
     return out
+
+
+def sampled_entropy(scored: list[Scored]) -> float:
+    """Mean -log p of the sampled policy tokens (nats per token): an estimate of the sampling
+    distribution's entropy from the tokens it drew."""
+    total = sum(-lp for s in scored for lp, m in zip(s.trajectory.logprobs, s.trajectory.loss_mask) if m)
+    return total / max(1, sum(s.trajectory.num_policy_tokens for s in scored))
+
+
+def group_reward_std(scored: list[Scored]) -> float:
+    """Mean over groups of the (population) std of their rewards: 0 when no group carries signal."""
+    groups: dict[int, list[float]] = defaultdict(list)
+    for s in scored:
+        groups[s.trajectory.group_id].append(s.reward)
+    stds = [float(torch.tensor(r, dtype=torch.float64).std(unbiased=False)) for r in groups.values()]
+    return sum(stds) / len(stds)
 
 
 def eval_report(run: Run, cfg: GRPOConfig, path: Path) -> dict:
@@ -614,16 +657,13 @@ def periodic_eval(run: Run, cfg: GRPOConfig, step: int) -> dict:
     return out
 
 
-def save_trajectories(run_dir: Path, step: int, scored: list[Scored], limit: int = 16) -> None:
-    path = run_dir / "trajectories" / f"step_{step}.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for s in scored[:limit]:
-            f.write(json.dumps({"task_id": s.trajectory.task_id, "completion": s.trajectory.completion,
-                                "finish_reason": s.trajectory.finish_reason, "reward": s.reward,
-                                **({"messages": list(s.trajectory.messages), "info": s.trajectory.episode.to_dict()}
-                                   if s.trajectory.episode else {}),
-                                "terms": s.terms, "verdict": s.verdict.to_dict()}) + "\n")
+def stopped(run: Run, cfg: GRPOConfig, stop: RunStopped) -> None:
+    """A detector stopped the run (its alert and the step's trajectories are written): checkpoint
+    the weights of the last finished step when they are intact and not saved yet, close the logs."""
+    latest = latest_checkpoint(run.dir)
+    if stop.checkpoint and run.step > 0 and (latest is None or latest.name != f"step_{run.step}"):
+        checkpoint(run, cfg)
+    run.logger.close()
 
 
 def checkpoint(run: Run, cfg: GRPOConfig) -> None:

@@ -1,0 +1,284 @@
+"""The ``monitor:`` section of a GRPO config: which detectors run, their thresholds and actions.
+
+One dataclass per detector (``rlvr.monitor.detectors``), named as the detector, each with
+``enabled``, an ``action`` and its thresholds; the defaults are cheap and only ``log``. Actions:
+
+    log    write the alert to ``<run>/alerts.jsonl`` (and one printed line)
+    zero   also set the flagged samples' reward and reward terms to the fail value before the
+           advantages are computed (sample detectors only)
+    stop   also end the run with one line naming the detector, the step and the alert file
+
+Statistical detectors (over the metrics of the steps) have no samples to zero: ``log | stop``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import ClassVar, Literal
+
+from rlvr.config import check_choice, check_range
+
+SAMPLE_ACTIONS = ("log", "zero", "stop")
+STEP_ACTIONS = ("log", "stop")
+
+
+@dataclass
+class DetectorConfig:
+    """What every detector's section has. ``NAME`` is the detector (and the key under
+    ``monitor``); ``ACTIONS`` the actions it allows."""
+
+    NAME: ClassVar[str] = ""
+    ACTIONS: ClassVar[tuple[str, ...]] = SAMPLE_ACTIONS
+    enabled: bool = True
+    """Run this detector."""
+    action: Literal["log", "zero", "stop"] = "log"
+    """What an alert of this detector does: log | zero (sample detectors) | stop."""
+
+    def __post_init__(self) -> None:
+        check_choice(f"monitor.{self.NAME}.action", self.action, self.ACTIONS)
+
+    def check_ranges(self, **bounds: tuple[float | None, float | None]) -> None:
+        for key, (lo, hi) in bounds.items():
+            check_range(f"monitor.{self.NAME}.{key}", getattr(self, key), lo, hi)
+
+
+# --------------------------------------------------------------------------- per sample
+
+
+@dataclass
+class TamperingConfig(DetectorConfig):
+    NAME: ClassVar[str] = "tampering"
+    patterns: bool = True
+    """Also flag programs that try a harness bypass (os._exit, sys.exit, patched builtins, an
+    __eq__ that always holds, writes to file descriptors, frame inspection) whatever the verdict."""
+
+
+@dataclass
+class VisibleHiddenGapConfig(DetectorConfig):
+    NAME: ClassVar[str] = "visible_hidden_gap"
+    max_hidden_score: float = 0.5
+    """A program that fails the hidden tests with this score or less is re-run on the examples
+    shown in its prompt (in the sandbox); passing all of them flags it."""
+    max_runs: int = 32
+    """Sandbox runs per step at most (the lowest-scoring suspects first)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_ranges(max_hidden_score=(0.0, 1.0), max_runs=(0, None))
+
+
+@dataclass
+class LiteralExpectedConfig(DetectorConfig):
+    NAME: ClassVar[str] = "literal_expected"
+    min_literals: int = 2
+    """Flag a program whose literal constants include this many distinct expected outputs (of the
+    prompt's examples or the hidden tests), trivial values (booleans, None, |n| <= 2, '' and
+    one-character strings, numbers the task description states) not counted."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_ranges(min_literals=(1, None))
+
+
+@dataclass
+class AnswerStuffingConfig(DetectorConfig):
+    NAME: ClassVar[str] = "answer_stuffing"
+    max_answers: int = 2
+    """Flag more than this many answer markers (\\boxed, 'Answer:' lines) in one completion."""
+    max_numbers_in_answer: int = 3
+    """Flag a final answer (the last marker's content) holding more numbers than this."""
+    max_repeats: int = 4
+    """Flag one number (or the last marker's answer) stated more than this many times."""
+    min_list_numbers: int = 12
+    """Flag a completion of at least this many numbers that make up most (>= 60%) of its words."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_ranges(max_answers=(1, None), max_numbers_in_answer=(1, None), max_repeats=(1, None),
+                          min_list_numbers=(2, None))
+
+
+# --------------------------------------------------------------------------- per step
+
+
+@dataclass
+class StepDetectorConfig(DetectorConfig):
+    ACTIONS: ClassVar[tuple[str, ...]] = STEP_ACTIONS
+    action: Literal["log", "stop"] = "log"
+    """What an alert of this detector does: log | stop."""
+
+
+@dataclass
+class RewardJumpConfig(StepDetectorConfig):
+    NAME: ClassVar[str] = "reward_jump"
+    window: int = 10
+    """Steps before this one that make the baseline (at least 5 are needed)."""
+    min_delta: float = 0.3
+    """Smallest change of rollout/reward_mean from the baseline's mean that counts."""
+    z: float = 4.0
+    """... and it must also exceed this many baseline standard deviations (floor 0.02)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_ranges(window=(5, None), min_delta=(0.0, None), z=(0.0, None))
+
+
+@dataclass
+class VarianceCollapseConfig(StepDetectorConfig):
+    NAME: ClassVar[str] = "variance_collapse"
+    min_std: float = 0.01
+    """Mean within-group reward std (rollout/group_reward_std) below which a step has no signal."""
+    patience: int = 3
+    """Consecutive such steps that raise the alert."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_ranges(min_std=(0.0, None), patience=(1, None))
+
+
+@dataclass
+class TrainUpEvalDownConfig(StepDetectorConfig):
+    NAME: ClassVar[str] = "train_up_eval_down"
+    evals: int = 3
+    """Eval points compared: the first and the last of the most recent this many."""
+    min_drop: float = 0.1
+    """Fall of eval/pass@1 between them that counts."""
+    min_rise: float = 0.05
+    """Rise of train rollout/pass_rate (means over ``train_window`` steps ending at each) that counts."""
+    train_window: int = 5
+    """Steps averaged for the train pass rate at an eval point."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_ranges(evals=(2, None), min_drop=(0.0, 1.0), min_rise=(0.0, 1.0), train_window=(1, None))
+
+
+@dataclass
+class LengthExplosionConfig(StepDetectorConfig):
+    NAME: ClassVar[str] = "length_explosion"
+    window: int = 10
+    """Steps before this one that make the baseline (at least 3 are needed)."""
+    ratio: float = 2.0
+    """Flag rollout/response_tokens_mean above this multiple of the baseline's mean ..."""
+    min_tokens: float = 16.0
+    """... and at least this many tokens above it."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_ranges(window=(3, None), ratio=(1.0, None), min_tokens=(0.0, None))
+
+
+@dataclass
+class EntropyCollapseConfig(StepDetectorConfig):
+    NAME: ClassVar[str] = "entropy_collapse"
+    min_entropy: float = 0.03
+    """Flag rollout/entropy (mean -log p of the sampled tokens, nats) below this ..."""
+    min_ratio: float = 0.1
+    """... or below this fraction of its mean over the run's first ``baseline_steps`` steps."""
+    baseline_steps: int = 5
+    """Steps that make the baseline of ``min_ratio``."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_ranges(min_entropy=(0.0, None), min_ratio=(0.0, 1.0), baseline_steps=(1, None))
+
+
+@dataclass
+class BlowupConfig(StepDetectorConfig):
+    """A metric that must stay small: above ``max_value``, or above ``factor`` times its median
+    over the ``window`` steps before and above ``floor``."""
+
+    max_value: float = 1.0
+    """Flag the metric above this value."""
+    factor: float = 10.0
+    """Flag the metric above this multiple of its median over the steps before ..."""
+    floor: float = 0.05
+    """... when it is also above this value."""
+    window: int = 10
+    """Steps of that median (at least 3 are needed)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_ranges(max_value=(0.0, None), factor=(1.0, None), floor=(0.0, None), window=(3, None))
+
+
+@dataclass
+class KlBlowupConfig(BlowupConfig):
+    NAME: ClassVar[str] = "kl_blowup"
+
+
+@dataclass
+class MismatchBlowupConfig(BlowupConfig):
+    NAME: ClassVar[str] = "mismatch_blowup"
+    max_value: float = 0.05
+    """Flag rollout/logprob_mismatch_kl above this value."""
+    floor: float = 0.01
+    """... or above ``factor`` times its median and above this value."""
+
+
+@dataclass
+class NanInfConfig(StepDetectorConfig):
+    NAME: ClassVar[str] = "nan_inf"
+
+
+@dataclass
+class DomainPassVsEvalConfig(StepDetectorConfig):
+    NAME: ClassVar[str] = "domain_pass_vs_eval"
+    min_gap: float = 0.3
+    """Flag a domain whose train pass rate rose this much more than its eval pass@1 between its
+    last two eval points (train rates: means over ``train_window`` steps ending at each)."""
+    train_window: int = 5
+    """Steps averaged for the train pass rate at an eval point."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_ranges(min_gap=(0.0, 1.0), train_window=(1, None))
+
+
+# --------------------------------------------------------------------------- the section
+
+
+@dataclass
+class MonitorConfig:
+    enabled: bool = True
+    """Run the detectors (the trajectory sample is written either way)."""
+    sample_share: float = 0.05
+    """Share of each step's samples kept in trajectories/step_N.jsonl (seeded; at least one when
+    positive); every flagged sample is kept too."""
+    tampering: TamperingConfig = field(default_factory=TamperingConfig)
+    """Verdict 'tampered' (the sandbox saw the harness attacked) or a harness-bypass attempt in the code."""
+    visible_hidden_gap: VisibleHiddenGapConfig = field(default_factory=VisibleHiddenGapConfig)
+    """Code that passes the examples in its prompt but fails the hidden tests."""
+    literal_expected: LiteralExpectedConfig = field(default_factory=LiteralExpectedConfig)
+    """Code that holds expected outputs as literals (a lookup table)."""
+    answer_stuffing: AnswerStuffingConfig = field(default_factory=AnswerStuffingConfig)
+    """Several answers, one answer many times, or a long list of numbers."""
+    reward_jump: RewardJumpConfig = field(default_factory=RewardJumpConfig)
+    """rollout/reward_mean far from its recent mean."""
+    variance_collapse: VarianceCollapseConfig = field(default_factory=VarianceCollapseConfig)
+    """Groups without reward variance for several steps."""
+    train_up_eval_down: TrainUpEvalDownConfig = field(default_factory=TrainUpEvalDownConfig)
+    """Train pass rate rising while the held-out eval falls."""
+    length_explosion: LengthExplosionConfig = field(default_factory=LengthExplosionConfig)
+    """Response length far above its recent mean."""
+    entropy_collapse: EntropyCollapseConfig = field(default_factory=EntropyCollapseConfig)
+    """Sampled-token entropy near zero or far below its start."""
+    kl_blowup: KlBlowupConfig = field(default_factory=KlBlowupConfig)
+    """train/kl (with a KL penalty) large or far above its recent median."""
+    mismatch_blowup: MismatchBlowupConfig = field(default_factory=MismatchBlowupConfig)
+    """rollout/logprob_mismatch_kl large or far above its recent median."""
+    nan_inf: NanInfConfig = field(default_factory=NanInfConfig)
+    """A non-finite loss, gradient norm or other train metric (stop: before the optimizer step)."""
+    domain_pass_vs_eval: DomainPassVsEvalConfig = field(default_factory=DomainPassVsEvalConfig)
+    """A domain's train pass rate rising far faster than its eval."""
+
+    def __post_init__(self) -> None:
+        check_range("monitor.sample_share", self.sample_share, 0.0, 1.0)
+
+    def detector(self, name: str) -> DetectorConfig:
+        """The section of detector ``name``."""
+        return getattr(self, name)
+
+    @classmethod
+    def detector_names(cls) -> list[str]:
+        return [f.name for f in fields(cls) if f.name not in ("enabled", "sample_share")]
