@@ -196,6 +196,23 @@ def test_malformed_specs_raise_user_errors():
     check_spec(he_task())
 
 
+def test_chance_corrected_rule():
+    from rlvr.verifiers.partial import chance_corrected, tests_baseline, trivial_baseline
+
+    assert trivial_baseline([(1,), (2,), (3,), (4,)], [0, 0, 0, 9], plaindata.same) == 3
+    assert trivial_baseline([(1, 5), (2, 6), (3, 0)], [5, 6, 1], plaindata.same) == 2  # 2nd argument
+    assert trivial_baseline([(1,), (2,)], [0.1, 0.1 + 1e-12], plaindata.same) == 2  # the tolerance
+    assert trivial_baseline([(1,), (2,)], [1.0, 2.0], plaindata.same) == 1  # type-strict, as compare is
+    assert chance_corrected(3, 4, 3) == 0.0 and chance_corrected(4, 4, 3) == 1.0
+    assert chance_corrected(2, 4, 3) == 0.0 and chance_corrected(3, 5, 1) == 0.5
+    assert chance_corrected(2, 2, 2) == 1.0 and chance_corrected(1, 2, 2) == 0.0
+    test = ("def test_a():\n    assert f(1) == 0\n\n\ndef test_b():\n    assert 0 == f(2)\n\n\n"
+            "def test_c():\n    assert f(3) == 3\n\n\ndef test_d():\n    assert abs(f(4) - 1) < 1\n")
+    assert tests_baseline(test, "f") == 2  # return 0; test_d's shape is not read
+    assert tests_baseline("def check(candidate):\n    assert candidate(1) == 0\n", "f") == 0
+    assert tests_baseline("def test_x(:\n", "f") == 0
+
+
 # ---------------------------------------------------------------- in the sandbox
 
 
@@ -219,11 +236,76 @@ def test_cheats_fail(sandbox, name):
     assert v.reason == reason, v
 
 
+# A task whose hidden outputs mostly coincide (6 of 8 are 0) and whose inputs are often the
+# answer of another task: where ``passed / total`` paid trivial programs most of the reward.
+BIG_INPUTS = [([1, 2],), ([5],), ([],), ([7, 3],), ([0],), ([9, 9],), ([150, 3, 200],), ([100, 101],)]
+BIG_TASK = Task(id="code.test/v1/train/1/000001", domain="code.test", level=1,
+                prompt=({"role": "user", "content": "count_big(xs): how many xs are over 100."},),
+                spec=Spec("code", {"entry_point": "count_big", "inputs": plaindata.encode(BIG_INPUTS),
+                                   "expected": plaindata.encode([sum(x > 100 for x in xs)
+                                                                 for (xs,) in BIG_INPUTS]),
+                                   "timeout": 5.0}), key="big")
+
+
 @needs_sandbox
-def test_partial_credit_is_the_fraction_of_hidden_cases(sandbox):
-    v = get_verifier(io_task()).check(io_task(), fenced("def add_k(x):\n    return 7 if x == 0 else x + 6\n"))
-    assert v.reason == "wrong_answer" and v.score == pytest.approx(1 / len(HIDDEN))
-    assert v.details["tests_passed"] == 1
+@pytest.mark.parametrize("task, code, score", [
+    # honest and almost right: paid for the cases beyond what a constant gets (5 right, 1 by chance)
+    (io_task(), "def add_k(x):\n    return x + 7 if x < 50 else x + 6\n", 4 / 5),
+    (BIG_TASK, "def count_big(xs):\n    return sum(x >= 100 for x in xs)\n", 1 / 2),  # 7 of 8
+    # trivial programs: a constant (the majority output or another), the input, nothing
+    (BIG_TASK, "def count_big(xs):\n    return 0\n", 0.0),  # 6 of 8 right, paid 6/8 before
+    (BIG_TASK, "def count_big(xs):\n    return 1\n", 0.0),
+    (io_task(), "def add_k(x):\n    return 7 if x == 0 else x + 6\n", 0.0),  # 1 of 6: a constant's share
+    # input-dependent and right on one case beyond the constant's: paid for that one case only
+    (BIG_TASK, "def count_big(xs):\n    return 0 if len(xs) < 3 else 2\n", 1 / 2),
+])
+def test_partial_credit_is_beyond_trivial_programs(sandbox, task, code, score):
+    v = get_verifier(task).check(task, fenced(code))
+    assert not v.passed and v.reason == "wrong_answer" and v.score == pytest.approx(score), v
+
+
+IDENT_INPUTS = [([1, 2],), ([3],), ([],), ([4, 5, 6],), ([7, 8],), ([1, 1],), ([2, 3, 2],)]
+IDENT_TASK = Task(id="code.test/v1/train/1/000002", domain="code.test", level=1,
+                  prompt=({"role": "user", "content": "dedupe(xs): xs without repeats, in order."},),
+                  spec=Spec("code", {"entry_point": "dedupe", "inputs": plaindata.encode(IDENT_INPUTS),
+                                     "expected": plaindata.encode([list(dict.fromkeys(xs))
+                                                                   for (xs,) in IDENT_INPUTS])}),
+                  key="dedupe")
+
+
+@needs_sandbox
+def test_returning_the_input_earns_no_partial_credit(sandbox):
+    v = get_verifier(IDENT_TASK).check(IDENT_TASK, fenced("def dedupe(xs):\n    return xs\n"))
+    assert (v.passed, v.score, v.details["tests_passed"], v.details["trivial_baseline"]) == (False, 0.0, 5, 5)
+    v = get_verifier(IDENT_TASK).check(IDENT_TASK, fenced("def dedupe(xs):\n    return sorted(set(xs))\n"))
+    assert v.passed  # every hidden input is sorted: the task cannot tell, the rule does not need to
+    wrong_once = "def dedupe(xs):\n    return list(dict.fromkeys(xs)) if len(xs) != 3 else xs\n"
+    v = get_verifier(IDENT_TASK).check(IDENT_TASK, fenced(wrong_once))
+    assert v.details["tests_passed"] == 6 and v.score == pytest.approx(1 / 2)
+
+
+MBPP_ASSERTS = ["assert is_big(150) == True", "assert is_big(3) == False", "assert is_big(50) == False",
+                "assert not is_big(7)", "assert is_big(101)"]
+
+
+def mbpp_task() -> Task:
+    from rlvr.verifiers.code_tests import tests_from_asserts
+
+    return Task(id="file:mbpp/1", domain="code.file", level=1,
+                prompt=({"role": "user", "content": "is_big(x): x over 100."},),
+                spec=Spec("code", {"entry_point": "is_big", "test": tests_from_asserts(MBPP_ASSERTS, "is_big"),
+                                   "timeout": 5.0}), key="mbpp1")
+
+
+@needs_sandbox
+@pytest.mark.parametrize("code, passed, score", [
+    ("def is_big(x):\n    return False\n", 3, 0.0),  # 3 of 5 asserts, paid 3/5 before
+    ("def is_big(x):\n    return True\n", 2, 0.0),
+    ("def is_big(x):\n    return x > 100 or x == 50\n", 4, 1 / 2),
+])
+def test_tests_form_partial_credit_is_beyond_trivial_programs(sandbox, code, passed, score):
+    v = get_verifier(mbpp_task()).check(mbpp_task(), fenced(code))
+    assert v.details["tests_passed"] == passed and v.score == pytest.approx(score), v
 
 
 @needs_sandbox

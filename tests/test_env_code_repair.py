@@ -185,6 +185,45 @@ def test_code_run_by_the_tests_cannot_rewrite_the_tests(env):
     assert intact or verdict.reason == "tampered"
 
 
+# Ways to make "the tests pass" without the fix. Each is written over the buggy project (``{fn}``
+# is the buggy function); the hidden tests, compared type-strictly on plain data outside the
+# sandbox, must fail every one.
+AE = "class AE:\n    def __eq__(self, other):\n        return True\n    __hash__ = object.__hash__\n"
+REPAIR_HACKS = {
+    "always_equal": {"MODULE": AE + "def {fn}(*args):\n    return AE()\n"},
+    "int_subclass": {"MODULE": "class I(int):\n    def __eq__(self, o):\n        return True\n"
+                               "def {fn}(*args):\n    return I(0)\n"},
+    "visible_answers": {"MODULE": "import re\nWANT = {{int(a): int(b) for a, b in re.findall("
+                                  "r'\\((\\d+)\\) == (\\d+)', open({test!r}).read())}}\n"
+                                  "def {fn}(a, *rest):\n    return WANT.get(a, 0)\n"},
+    # a stdlib name in the workspace: the shim's own import is already loaded, and the import
+    # machinery it reaches is not the workspace's
+    "shadow_importlib": {"importlib.py": AE + "def import_module(name):\n    return __import__('ops')\n",
+                         "MODULE": AE + "def {fn}(*args):\n    return AE()\n"},
+    "sitecustomize": {"sitecustomize.py": "import builtins\nbuiltins.isinstance = lambda *a: True\n",
+                      "conftest.py": "import pytest\n", "MODULE": "def {fn}(*args):\n    return 0\n"},
+    "forged_run_tests": {"MODULE": "print('1 passed')\nimport sys\nsys.stdout.write = lambda s: 0\n"
+                                   "def {fn}(*args):\n    return 0\n"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(REPAIR_HACKS))
+def test_hacks_without_the_fix_fail_the_hidden_tests(env, name):
+    t = task(1)
+    files = t.spec.payload["files"]
+    module, fn = plaindata.decode(t.spec.payload["hidden"])[0][:2]
+    test_path = t.spec.payload["protected"][0]
+    writes = []
+    for path, content in REPAIR_HACKS[name].items():
+        content = content.format(fn=fn, test=test_path)
+        if path == "MODULE":
+            path, content = f"{module}.py", files[f"{module}.py"] + "\n\n" + content
+        writes.append(format_call("write_file", {"path": path, "content": content}))
+    _, verdict = play(env, t, [*writes, RUN, SUBMIT])
+    assert not verdict.passed and verdict.score == 0.0, verdict
+    assert verdict.reason in ("wrong_answer", "runtime_error", "tampered"), verdict
+
+
 def test_looping_policy_ends_on_the_budget(env):
     t = task(3)
     look = format_call("list_files")

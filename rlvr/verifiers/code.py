@@ -8,10 +8,15 @@ sandbox run, then run in the sandbox against the task's hidden tests. Two spec f
 - **io** (rlvr's generated tasks): ``{"entry_point", "inputs", "expected", "timeout"?}`` with
   ``inputs``/``expected`` encoded by ``plaindata.encode`` (a list of argument tuples, a list of
   outputs). Only the inputs enter the sandbox; outputs come back as plain data and are compared
-  here, type-strictly (``ExecResult.compare``). score = matching outputs / hidden cases.
+  here, type-strictly (``ExecResult.compare``).
 - **tests** (HumanEval-style): ``{"entry_point", "test", "prompt_code"?, "timeout"?}`` where
   ``test`` defines ``check(candidate)`` (or ``test_*`` functions). The tests run in a process the
-  candidate never touches (``Job.with_tests``). score = tests passed / tests.
+  candidate never touches (``Job.with_tests``).
+
+A failing run's ``score`` (partial credit, paid only with ``reward.outcome: score``) is the
+fraction of hidden cases (io) or tests passed *beyond what the best trivial program passes*: a
+program that returns one constant, or one of its arguments unchanged, scores 0 however many
+cases it matches (``rlvr.verifiers.partial``; ``details["trivial_baseline"]``).
 
 Either form may carry ``prompt_code`` (the given signature and docstring; see
 ``assemble_program``): when the extracted code does not define ``entry_point`` at top level, the
@@ -27,7 +32,7 @@ Verdict reasons:
     timeout        killed at the wall-clock or CPU limit (e.g. an infinite loop)
     runtime_error  the program failed to load, every call raised, a test raised something other
                    than an assertion, the candidate's process died, or the output cap was hit
-    wrong_answer   it ran, and some hidden test failed (score = the fraction that passed)
+    wrong_answer   it ran, and some hidden test failed (score: the chance-corrected fraction)
     tampered       protected files changed, or the run ended without its complete report
                    (e.g. ``os._exit`` inside the harness's process); score 0
     sandbox_error  the sandbox itself failed (status ``error``); says nothing about the code
@@ -54,6 +59,7 @@ from rlvr.errors import UserError
 from rlvr.sandbox import plaindata
 from rlvr.types import Task, Verdict
 from rlvr.verifiers.base import VERIFIERS
+from rlvr.verifiers.partial import chance_corrected, tests_baseline, trivial_baseline
 
 if TYPE_CHECKING:  # the sandbox is imported lazily: importing rlvr.verifiers stays cheap
     from rlvr.sandbox.pool import Sandbox
@@ -203,14 +209,19 @@ def _before_run(result: ExecResult) -> str | None:
     return None
 
 
-def io_verdict(expected: list[Any], details: dict[str, Any]) -> Callable[[ExecResult], Verdict]:
+def io_verdict(expected: list[Any], details: dict[str, Any],
+               inputs: list[tuple] | None = None) -> Callable[[ExecResult], Verdict]:
+    """The verdict of an io run; a partial score is chance-corrected against the best trivial
+    program (``rlvr.verifiers.partial``), whose arguments are ``inputs`` (constants only if None)."""
+    baseline = trivial_baseline(inputs or [], expected, plaindata.same)
+
     def finish(result: ExecResult) -> Verdict:
         d = _common_details(details, result)
         total = len(expected)
         outputs = result.outputs or []
         errors = [o["error"] for o in outputs if "error" in o]
         n_right = result.compare(expected)
-        d.update(tests_passed=n_right, tests_total=total)
+        d.update(tests_passed=n_right, tests_total=total, trivial_baseline=baseline)
         if errors:
             d["error"] = str(errors[0])[:300]
         failed = _before_run(result)
@@ -227,17 +238,18 @@ def io_verdict(expected: list[Any], details: dict[str, Any]) -> Callable[[ExecRe
         if n_right == total:
             return Verdict(passed=True, score=1.0, reason="ok", details=d)
         reason = "runtime_error" if len(errors) == total else "wrong_answer"
-        return Verdict(passed=False, score=n_right / total, reason=reason, details=d)
+        return Verdict(passed=False, score=chance_corrected(n_right, total, baseline), reason=reason,
+                       details=d)
 
     return finish
 
 
-def _finish_tests(details: dict[str, Any]) -> Callable[[ExecResult], Verdict]:
+def _finish_tests(details: dict[str, Any], baseline: int) -> Callable[[ExecResult], Verdict]:
     def finish(result: ExecResult) -> Verdict:
         d = _common_details(details, result)
         total = result.tests_total or 0
         passed = result.tests_passed or 0
-        d.update(tests_passed=passed, tests_total=total)
+        d.update(tests_passed=passed, tests_total=total, trivial_baseline=baseline)
         if result.failures:
             d["error"] = result.failures[0][:300]
         failed = _before_run(result)
@@ -254,7 +266,8 @@ def _finish_tests(details: dict[str, Any]) -> Callable[[ExecResult], Verdict]:
         # the candidate raised, failed to load, or its process died before answering.
         crashed = any(f.split(": ", 2)[1:2] != ["AssertionError"] for f in result.failures)
         reason = "runtime_error" if crashed else "wrong_answer"
-        return Verdict(passed=False, score=passed / total, reason=reason, details=d)
+        return Verdict(passed=False, score=chance_corrected(passed, total, baseline), reason=reason,
+                       details=d)
 
     return finish
 
@@ -277,10 +290,10 @@ def _prepare_program(program: str, spec: dict[str, Any], details: dict[str, Any]
         _check_test_source(spec["test"], task_id)
         tests = tests_with_prompt(spec["test"], spec.get("prompt_code") or "", entry_point)
         job = Job.with_tests(program, tests, entry_point, limits=limits, task_id=task_id)
-        return _Pending(job, _finish_tests(details))
+        return _Pending(job, _finish_tests(details, tests_baseline(spec["test"], entry_point)))
     inputs, expected = _decode_io(spec, task_id)
     job = Job.io(program, entry_point, inputs, limits=limits, task_id=task_id)
-    return _Pending(job, io_verdict(expected, details))
+    return _Pending(job, io_verdict(expected, details, inputs))
 
 
 def _decode_io(spec: dict[str, Any], task_id: str) -> tuple[list[tuple], list[Any]]:
