@@ -56,6 +56,7 @@ def make_run(root: Path, *, steps: int = 6) -> Path:
         m = {"step": step, "rollout/reward_mean": 0.1 * step, "rollout/pass_rate": 0.08 * step,
              "rollout/reward_outcome": 0.1 * step, "rollout/reward_format": 0.01,
              "rollout/response_tokens_mean": 20 + step, "train/kl": 0.001 * step,
+             "time/wait": 2.0, "time/rollout": 1.9, "time/update": 1.0,
              "rollout/logprob_mismatch_kl": float("nan") if step == 2 else 1e-6,
              **{f"rollout/pass_rate/{d}": 0.05 * step + 0.1 * i for i, d in enumerate(DOMAINS)}}
         if step % 3 == 0:
@@ -104,6 +105,7 @@ def test_a_finished_run_reports_curves_evals_alerts_and_trajectories(tmp_path):
         assert html.count(f">{d} <b>") == 2 and f"<th>{d}</th>" in html
     assert "<th>step 3</th><th>step 6</th>" in html and "level 2" in html
     assert "term outcome" in html and "term format" in html
+    assert "0.3 min (the steps' logged phases)" in html  # wait + update; rollout ran inside wait
     assert "<script" not in html.lower() and "badge crashed" not in html
 
 
@@ -112,6 +114,14 @@ def test_model_text_is_escaped_never_markup(tmp_path):
     assert "<script" not in html.lower() and "<img src=x" not in html
     assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in html
     assert 'onerror=&quot;window.__pwned = 2&quot;' in html
+
+
+def test_a_huge_completion_is_cut_saying_so(tmp_path):
+    run = make_run(tmp_path)
+    row = {"task_id": "math.arith/v1/train/1/000001", "completion": "7" * 50_000}
+    (run / "trajectories" / "step_6.jsonl").write_text(json.dumps(row) + "\n")
+    html = write_report(run).read_text()
+    assert "7" * 20_000 + "\n[... 30000 more characters not shown]" in html and "7" * 20_001 not in html
 
 
 def test_alerts_link_to_kept_trajectories_and_name_the_missing_ones(tmp_path):

@@ -19,6 +19,11 @@ from rlvr.tool_calls import CALL_PATTERN
 
 FENCE = re.compile(r"```([\w.+-]*)\n?(.*?)(?:```|$)", re.DOTALL)
 LONG_MESSAGE = 700  # a system/user message longer than this is folded
+MAX_TEXT = 20_000  # a longer text is cut here, saying so: the page stays a size a browser opens
+
+
+def cut(text: str) -> str:
+    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + f"\n[... {len(text) - MAX_TEXT} more characters not shown]"
 
 
 def render_trajectory(t: dict) -> str:
@@ -54,7 +59,7 @@ def render_conversation(messages: list[dict]) -> str:
     out = []
     for i, m in enumerate(messages):
         role = str(m.get("role", "?"))
-        content = str(m.get("content", ""))
+        content = cut(str(m.get("content", "")))
         if role == "assistant":
             body = _assistant(content, diffs.get(i))
         elif role == "tool":
@@ -106,7 +111,7 @@ def _call(body: str, diff: str | None) -> str:
     name, args = call
     rows = []
     for key, value in args.items():
-        text = value if isinstance(value, str) else json.dumps(value)
+        text = cut(value if isinstance(value, str) else json.dumps(value))
         cell = f"<pre>{escape(text)}</pre>" if "\n" in text or len(text) > 80 else f"<code>{escape(text)}</code>"
         rows.append(f"<tr><th>{escape(str(key))}</th><td>{cell}</td></tr>")
     args_html = f"<table class='args'>{''.join(rows)}</table>" if rows else ""
@@ -184,7 +189,7 @@ def render_verdict(verdict: dict) -> str:
     details = verdict.get("details") if isinstance(verdict.get("details"), dict) else {}
     rows = []
     for key, value in details.items():
-        text = value if isinstance(value, str) else json.dumps(value)
+        text = cut(value if isinstance(value, str) else json.dumps(value))
         cell = f"<pre>{escape(text)}</pre>" if "\n" in text or len(text) > 100 else escape(text)
         rows.append(f"<tr><th>{escape(str(key))}</th><td>{cell}</td></tr>")
     table = f"<table class='kv'>{''.join(rows)}</table>" if rows else ""

@@ -16,6 +16,8 @@ from rlvr.report.build import RunData, names_with_prefix, select_trajectories, s
 from rlvr.report.conversation import render_trajectory
 from rlvr.report.style import CSS
 
+STEP_PHASES = ("time/wait", "time/advantage", "time/update", "time/weight_sync", "time/eval")
+
 
 def render(data: RunData, *, per_step: int = 4) -> str:
     flagged, by_step = select_trajectories(data, per_step=per_step)
@@ -42,7 +44,6 @@ def render(data: RunData, *, per_step: int = 4) -> str:
 
 def summary(data: RunData) -> str:
     s = data.status
-    last = data.metrics[-1] if data.metrics else {}
     rows = [("status", f'<span class="badge {s.state}">{escape(s.state)}</span> {escape(s.note)}'),
             ("run directory", f"<code>{escape(str(data.path))}</code> ({escape(data.kind)})"),
             ("steps", f"{s.step}" + (f" of {s.steps}" if s.steps is not None else ""))]
@@ -51,10 +52,11 @@ def summary(data: RunData) -> str:
         pts = series(data.metrics, name)
         if pts:
             rows.append((label, f"{pts[-1][1]:.3f} (step {pts[-1][0]:g})"))
-    seconds = sum(v for m in data.metrics for k, v in m.items() if k.startswith("time/") and k != "time/wait"
-                  and isinstance(v, (int, float)))
-    if seconds and last:
-        rows.append(("time in logged phases", f"{seconds / 60:.1f} min"))
+    # the trainer's own phases (grpo.py's timer) are disjoint and cover a step; the rollout
+    # source's (rollout, verify, ...) run inside "wait" or, asynchronously, beside it
+    seconds = sum(v for m in data.metrics for k, v in m.items() if k in STEP_PHASES and isinstance(v, (int, float)))
+    if seconds:
+        rows.append(("training time", f"{seconds / 60:.1f} min (the steps' logged phases)"))
     if data.summary and isinstance(data.summary.get("summary"), str):
         rows.append(("quickstart", escape(data.summary["summary"])))
     rows.append(("alerts", str(len(data.alerts))))
