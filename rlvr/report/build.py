@@ -55,7 +55,7 @@ def read_run(path: str | Path, *, error: str | None = None) -> RunData:
     stopped the run, when the caller knows it (the quickstart's own report of a crash)."""
     root = Path(path)
     if not root.is_dir():
-        raise UserError(f"{root}: no such run directory")
+        raise UserError(f"{root}: {'not a directory' if root.exists() else 'no such run directory'}")
     config_text, config = _read_config(root)
     quickstart = isinstance(config.get("grpo"), dict) and isinstance(config.get("pretrain"), dict)
     run = root / "grpo" if quickstart else root
