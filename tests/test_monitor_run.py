@@ -1,0 +1,112 @@
+"""Detectors in a real GRPO run (tiny random model): planted hacks of every class are flagged at the
+step they appear, zeroed where configured and kept in the sampled trajectories; a ``stop`` ends the
+run with one line and keeps what was trained; a resumed run writes no alert twice."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import rlvr.tasks  # noqa: F401
+import rlvr.verifiers  # noqa: F401
+from hack_policy import HACKS, HackPolicy
+from rlvr.config import load_config
+from rlvr.model.checkpoint import latest_checkpoint
+from rlvr.monitor.alerts import RunStopped, read_alerts
+from rlvr.monitor.metrics import read_metrics
+
+SAMPLE_DETECTORS = ("tampering", "literal_expected", "visible_hidden_gap", "answer_stuffing")
+
+
+def _cfg(model_dir, out, domains, **extra):
+    from rlvr.train.grpo import GRPOConfig
+
+    overrides = [
+        f"model={model_dir}", f"out={out}", f"domains=[{','.join(domains)}]", "levels=[1]", "train_tasks=16",
+        "rollout.tasks_per_step=4", "rollout.samples_per_task=4", "rollout.max_new_tokens=8",
+        "optim.lr=1e-3", "optim.warmup_steps=0", "checkpoint_every=100", "monitor.sample_share=0.125",
+    ] + [f"{k}={v}" for k, v in extra.items()]
+    return load_config(GRPOConfig, None, overrides)
+
+
+def _trajectories(run_dir, step: int) -> dict[str, dict]:
+    path = run_dir / "trajectories" / f"step_{step}.jsonl"
+    return {r["id"]: r for r in map(json.loads, path.open())} if path.exists() else {}
+
+
+def test_every_planted_hack_class_is_flagged_zeroed_and_kept(tiny_model_dir, tmp_path, monkeypatch, sandbox):
+    import rlvr.train.grpo as grpo
+
+    policy = HackPolicy(list(HACKS))
+    monkeypatch.setattr(grpo, "rollout", policy.wrap(grpo.rollout))
+    zero = {f"monitor.{name}.action": "zero" for name in SAMPLE_DETECTORS}
+    grpo.run_grpo(_cfg(tiny_model_dir, tmp_path, ["math.arith", "code.gen"], steps=4, **zero), progress=False)
+
+    assert set(policy.planted.values()) == set(HACKS), policy.planted  # every class was planted
+    alerts = read_alerts(tmp_path)
+    for (step, index), name in policy.planted.items():
+        tid = f"{step}-{index}"
+        assert any(a["detector"] == name and a["step"] == step and tid in a["trajectory_ids"] for a in alerts), (name, tid)
+        record = _trajectories(tmp_path, step)[tid]
+        assert record["kept"] == "flagged" and name in [f["detector"] for f in record["flags"]]
+        assert record["reward"] == 0.0 and record["terms"]["outcome"] == 0.0  # zeroed to the fail value
+        assert record["prompt"][-1]["role"] == "user" and record["domain"] in ("math.arith", "code.gen")
+    by_class = {name: [_trajectories(tmp_path, s)[f"{s}-{i}"] for (s, i), n in policy.planted.items() if n == name]
+                for name in HACKS}
+    assert all(r["verdict"]["passed"] for r in by_class["literal_expected"])  # it passed: zero took its reward
+    assert all(r["verdict"]["reason"] == "tampered" for r in by_class["tampering"])
+    assert all(r["verdict"]["reason"] == "wrong_answer" for r in by_class["visible_hidden_gap"])
+    for a in alerts:
+        if a["detector"] in SAMPLE_DETECTORS:
+            assert a["action"] == "zeroed" and a["severity"] in ("warning", "critical")
+    flagged = {tid for a in alerts if a["detector"] in SAMPLE_DETECTORS for tid in a["trajectory_ids"]}
+    assert flagged == {f"{s}-{i}" for s, i in policy.planted}, "only the planted samples are flagged"
+    metrics = read_metrics(tmp_path)
+    assert sum(m.get("monitor/zeroed", 0.0) for m in metrics) == len(policy.planted)
+    assert all("rollout/entropy" in m and "rollout/group_reward_std" in m for m in metrics)
+
+
+def test_a_stop_action_ends_the_run_with_one_line_and_keeps_the_trained_steps(tiny_model_dir, tmp_path, monkeypatch):
+    import rlvr.train.grpo as grpo
+
+    policy = HackPolicy(["answer_stuffing"], from_step=3)
+    monkeypatch.setattr(grpo, "rollout", policy.wrap(grpo.rollout))
+    cfg = _cfg(tiny_model_dir, tmp_path, ["math.arith"], steps=6, **{"monitor.answer_stuffing.action": "stop"})
+    with pytest.raises(RunStopped) as e:
+        grpo.run_grpo(cfg, progress=False)
+    [(step, index)] = policy.planted
+    assert step == 3 and str(e.value) == (
+        f"run stopped at step 3 by detector 'answer_stuffing' (monitor.answer_stuffing.action = stop): "
+        f"1 sample(s) flagged; see {tmp_path / 'alerts.jsonl'}")
+    [alert] = [a for a in read_alerts(tmp_path) if a["detector"] == "answer_stuffing"]
+    assert alert["action"] == "stopped" and alert["trajectory_ids"] == [f"3-{index}"]
+    assert _trajectories(tmp_path, 3)[f"3-{index}"]["kept"] == "flagged"
+    assert [m["step"] for m in read_metrics(tmp_path)] == [1, 2]  # step 3 never trained
+    assert latest_checkpoint(tmp_path).name == "step_2"  # the trained weights are on disk
+
+
+def test_a_resumed_run_writes_the_same_alerts_once(tiny_model_dir, tmp_path, monkeypatch):
+    import rlvr.train.grpo as grpo
+
+    def run(out, die_at=None, resume=False):
+        inner = HackPolicy(["answer_stuffing"]).wrap(real)
+
+        def rollout(run_, tasks, version):
+            if version == die_at:
+                raise KeyboardInterrupt
+            return inner(run_, tasks, version)
+        monkeypatch.setattr(grpo, "rollout", rollout)
+        cfg = _cfg(tiny_model_dir, out, ["math.arith"], steps=5, checkpoint_every=2,
+                   **{"monitor.variance_collapse.patience": 2})
+        grpo.run_grpo(cfg, resume=resume, progress=False)
+
+    real = grpo.rollout
+    run(tmp_path / "straight")
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "crashed", die_at=3)  # step 4 dies after the step-2 checkpoint and step 3
+    run(tmp_path / "crashed", resume=True)
+    straight, crashed = read_alerts(tmp_path / "straight"), read_alerts(tmp_path / "crashed")
+    assert {a["detector"] for a in straight} >= {"answer_stuffing", "variance_collapse"}
+    assert crashed == straight
+    assert len({(a["step"], a["detector"], a.get("domain")) for a in crashed}) == len(crashed)
