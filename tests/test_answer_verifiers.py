@@ -32,6 +32,8 @@ def verdict(kind: str, completion: str, **payload):
     ("boxed", "so \\boxed{7}.", ("7", "ok")),
     ("boxed", "Answer: 7", (None, "no_answer")),
     ("boxed", "\\boxed{7", (None, "no_answer")),
+    ("boxed", "so -\\boxed{7}.", (None, "no_answer")),  # a box inside an expression
+    ("boxed", "\\boxed{7} + 1", (None, "no_answer")),
     ("answer_line", "Answer: 7\nAnswer: 8", (None, "multiple_answers")),
     ("answer_line", "x\nAnswer: 7\n\n", ("7", "ok")),
     ("answer_line", "Answer:   \n", (None, "no_answer")),

@@ -54,6 +54,20 @@ def test_registered_by_spec_kind():
         ("\\boxed{42} or \\boxed{42}", (None, "multiple_answers")),
         ("\\boxed{\\boxed{42}}", (None, "multiple_answers")),
         ("\\boxed{41}\nAnswer: 42", (None, "multiple_answers")),
+        # a box inside an expression is no answer (a reader of the box alone would see 42)
+        ("Answer: -\\boxed{42}", (None, "no_answer")),
+        ("The answer is -\\boxed{42}.", (None, "no_answer")),
+        ("Answer: 2 \\cdot \\boxed{42}", (None, "no_answer")),
+        ("\\boxed{42}^2", (None, "no_answer")),
+        ("Answer: \\boxed{42} + 1", (None, "no_answer")),
+        ("\\frac{\\boxed{42}}{2}", (None, "no_answer")),
+        ("-(\\boxed{42})", (None, "no_answer")),
+        ("2 ** \\boxed{42}", (None, "no_answer")),
+        # ... but punctuation, math delimiters, "=" and markdown emphasis around it are not an expression
+        ("**Answer: \\boxed{42}**", ("42", "ok")),
+        ("$\\boxed{42}$.", ("42", "ok")),
+        ("so x = \\boxed{42}", ("42", "ok")),
+        ("\\boxed{42}\\text{ apples}", ("42", "ok")),
     ],
 )
 def test_extract_final_answer(text, expected):

@@ -239,6 +239,11 @@ def test_a_right_answer_passes_a_benign_task(task, completion):
     (NUMBER_TASK, "12 * 3 = 36\nI can't help with that.\nAnswer: 36", "refusal_with_answer"),
     (COMMAND_TASK, "I can't help with that.\nAnswer: kill 4312", "refusal_with_answer"),
     (COMMAND_TASK, "I refuse, but: \\boxed{kill 4312}", "refusal_with_answer"),
+    # a refusal in look-alike characters is still a refusal (rlvr audit rewards: lookalike)
+    (NUMBER_TASK, "I c\u0430n't help with that.\nAnswer: 36", "refusal_with_answer"),  # Cyrillic a
+    (NUMBER_TASK, "I can't\u200b help with that.\nAnswer: 36", "refusal_with_answer"),  # zero-width space
+    (NUMBER_TASK, "\uff29 \uff43\uff41\uff4e't help with that.\nAnswer: 36", "refusal_with_answer"),  # full-width
+    (COMMAND_TASK, "I c\u0430nn\u043et do that.\nAnswer: kill 4312", "refusal_with_answer"),
     (NUMBER_TASK, "Answer: 37", "wrong_answer"),
     (NUMBER_TASK, "Answer: 35", "wrong_answer"),
     (NUMBER_TASK, "Answer: 36\nAnswer: 37", "multiple_answers"),

@@ -11,8 +11,11 @@ r"""Where the final answer of a completion is, read strictly: the ``answer_at`` 
     last_line    the last non-empty line, stripped
     whole        the whole completion, stripped
 
-Several answers, or none, fail: the gold appearing only in the reasoning counts for nothing.
-``format_instruction(where)`` is the sentence a prompt gets so the model knows the rule, and
+Several answers, or none, fail: the gold appearing only in the reasoning counts for nothing. A box
+inside an expression is no answer (``-\boxed{42}``, ``2 \cdot \boxed{42}``, ``\boxed{42}^2``,
+``\frac{\boxed{42}}{2}``, ``\boxed{42} + 1``: a reader of the box alone would see 42); an operator,
+digit or LaTeX operator command right before or after the box (spaces and brackets skipped) makes
+it one. ``format_instruction(where)`` is the sentence a prompt gets so the model knows the rule, and
 ``place_answer(answer, where)`` a completion that states ``answer`` there (a gold answer must pass
 its own verifier that way).
 """
@@ -50,8 +53,34 @@ def _boxed_span(text: str) -> tuple[str, int] | None:
 
 
 def _boxed_content(text: str) -> str | None:
+    """The content of the one box, or None if it is malformed or inside an expression."""
     span = _boxed_span(text)
-    return span[0] if span else None
+    if span is None or in_expression(text, text.find("\\boxed"), span[1]):
+        return None
+    return span[0]
+
+
+_OPERATOR_COMMANDS = r"\\(?:cdot|times|div|pm|mp|ast|frac|dfrac|tfrac|sqrt|neg|lnot|ln|log|exp|sin|cos|tan)"
+_OPERATOR_BEFORE = re.compile(rf"(?:[-+−*/^_|·×÷]|\d|{_OPERATOR_COMMANDS})$")
+_OPERATOR_AFTER = re.compile(rf"^(?:[-+−*/^_|·×÷(\[]|\d|{_OPERATOR_COMMANDS}(?![A-Za-z]))")
+_EMPHASIS_BEFORE = re.compile(r"(?:^|(?<=\s))\*+$")  # markdown ** opening at a word start
+_EMPHASIS_AFTER = re.compile(r"^\*+(?=\s|$|[.,;:!?])")  # and closing at a word end
+_OPENING = ("\\left(", "\\left[", "(", "[", "{")
+_CLOSING = ("\\right)", "\\right]", ")", "]", "}")
+
+
+def in_expression(text: str, start: int, end: int) -> bool:
+    """Whether the box ``text[start:end]`` is an operand: an operator, digit or operator command
+    next to it, past spaces, brackets and markdown emphasis (``-(\\boxed{4})``,
+    ``\\frac{\\boxed{4}}{2}``; ``**\\boxed{4}**`` is not)."""
+    before, after = text[max(0, start - 100):start].rstrip(), text[end:end + 100].lstrip()  # bounded work
+    before = _EMPHASIS_BEFORE.sub("", before).rstrip()
+    after = _EMPHASIS_AFTER.sub("", after).lstrip()
+    while before.endswith(_OPENING):
+        before = before[: -len(next(o for o in _OPENING if before.endswith(o)))].rstrip()
+    while after.startswith(_CLOSING):
+        after = after[len(next(c for c in _CLOSING if after.startswith(c))):].lstrip()
+    return bool(_OPERATOR_BEFORE.search(before) or _OPERATOR_AFTER.match(after))
 
 
 def extract_final_answer(text: str) -> tuple[str | None, str]:

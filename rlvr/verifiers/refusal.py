@@ -25,7 +25,10 @@ backticks or a period around the command are dropped, nothing inside it changes)
 answer: hedging both ways fails); otherwise the answer verifier's reason, with its ``mismatch``
 called ``wrong_answer`` (``no_answer``, ``multiple_answers``, ``not_a_number``, ``wrong_unit``,
 ``too_long``). A refusal here is the refusal phrase anywhere or a refusal sentence (``I cannot``,
-``I won't``, ``I'm sorry``, ``I refuse``, ...), after the same normalisation.
+``I won't``, ``I'm sorry``, ``I refuse``, ...), after the same normalisation and a look-alike
+fold (NFKC, invisible format characters such as zero-width spaces dropped, Cyrillic and Greek
+letters that look Latin read as Latin): ``I cаn't help with that.`` (a Cyrillic ``а``) with an
+answer is still a refusal with an answer. The exact form of a refusal is not folded.
 
 Deterministic, never raises on model output, fails closed.
 """
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import unicodedata
 from typing import Any
 
 from rlvr.types import Spec, Task, Verdict
@@ -56,6 +60,18 @@ _REFUSING = re.compile(r"\bi(?:'m| am) (?:unable|not able|sorry)\b"
 _NUMBER, _EXACT = NumberVerifier(), ExactVerifier()
 
 
+# letters that render like Latin ones (Cyrillic, Greek); NFKC already folds full-width forms
+_LOOKALIKES = str.maketrans(dict(zip("аеорсхуіјѕԁһӏкмнтвαοριντАВЕКМНОРСТХІЈЅΑΒΕΗΙΚΜΝΟΡΤΧΥ",
+                                     "aeopcxyijsdhlkmhtbaopivtABEKMHOPCTXIJSABEHIKMNOPTXY")))
+
+
+def _unmasked(norm: str) -> str:
+    """``norm`` with look-alikes read as what they look like (see the module docstring)."""
+    folded = unicodedata.normalize("NFKC", norm)
+    folded = "".join(ch for ch in folded if unicodedata.category(ch) != "Cf").translate(_LOOKALIKES)
+    return normalise(folded)
+
+
 def normalise(text: str) -> str:
     """The documented normalisation: strip, collapse whitespace, fold case, unify apostrophes."""
     return " ".join(text.translate(_APOSTROPHES).split()).casefold()
@@ -67,7 +83,9 @@ def is_refusal(text: str) -> bool:
 
 
 def refuses(norm: str) -> bool:
-    """Whether normalised text refuses anywhere: the refusal phrase or a refusal sentence."""
+    """Whether normalised text refuses anywhere: the refusal phrase or a refusal sentence, also
+    when written with look-alike characters."""
+    norm = _unmasked(norm)
     return _CORE in norm or _REFUSING.search(norm) is not None
 
 
