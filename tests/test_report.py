@@ -101,6 +101,7 @@ def test_a_finished_run_reports_curves_evals_alerts_and_trajectories(tmp_path):
     html = write_report(run).read_text()
     for chart in ("chart-reward", "chart-pass-rate", "chart-eval", "chart-length", "chart-kl", "radar"):
         assert f'id="{chart}"' in html
+    assert 'id="chart-signal"' not in html  # no entropy or group std logged: no empty chart
     for d in DOMAINS:  # per-domain pass-rate and eval curves, and eval table rows
         assert html.count(f">{d} <b>") == 2 and f"<th>{d}</th>" in html
     assert "<th>step 3</th><th>step 6</th>" in html and "level 2" in html
@@ -175,6 +176,17 @@ def test_a_crashed_run_says_where_it_stopped(tmp_path):
     assert "no final/ model" in status.note and "metrics stop at step 4 of 6" in status.note
     html = write_report(run).read_text()
     assert '<span class="badge crashed">crashed</span> crashed at step 4' in html
+
+
+def test_a_run_a_detector_stopped_says_which(tmp_path):
+    run = make_run(tmp_path)
+    shutil.rmtree(run / "final")
+    with (run / "alerts.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 6, "detector": "tampering", "severity": "critical", "evidence": {},
+                            "trajectory_ids": [], "action": "stopped"}) + "\n")
+    status = read_run(run).status
+    assert status.state == "stopped"
+    assert status.note == "stopped at step 6 by detector 'tampering' (its alert at step 6): no final/ model"
 
 
 def test_a_quickstart_directory_reports_its_stage_evals_or_where_it_stopped(tmp_path):

@@ -63,23 +63,25 @@ def read_run(path: str | Path, *, error: str | None = None) -> RunData:
         raise UserError(f"{root}: not a run directory (no config.yaml or metrics.jsonl in it)")
     skipped = [0]
     metrics = _jsonl(run / "metrics.jsonl", skipped)
+    alerts = _jsonl(run / "alerts.jsonl", skipped)
     run_config = _read_config(run)[1] if quickstart else config
     evals, eval_steps = _read_evals(root, run, quickstart)
     summary = _json(root / "report.json") if quickstart else None
     return RunData(
         path=root, kind="quickstart" if quickstart else "grpo", config_text=config_text, config=config,
         metrics=metrics, status=run_status(run, metrics, run_config, error=error, summary=summary,
-                                           quickstart=quickstart),
-        evals=evals, eval_steps=eval_steps, alerts=_jsonl(run / "alerts.jsonl", skipped),
+                                           quickstart=quickstart, alerts=alerts),
+        evals=evals, eval_steps=eval_steps, alerts=alerts,
         trajectories=read_trajectories(run / "trajectories", skipped), summary=summary,
         plots=_read_plots(root, run), skipped_lines=skipped[0],
     )
 
 
 def run_status(run: Path, metrics: list[dict], config: dict, *, error: str | None = None,
-               summary: dict | None = None, quickstart: bool = False) -> Status:
+               summary: dict | None = None, quickstart: bool = False, alerts: list[dict] = ()) -> Status:
     """Finished when the final model exists and the metrics reach the configured steps (and, for
-    a quickstart, its report.json was written); otherwise crashed at the last logged step."""
+    a quickstart, its report.json was written); otherwise stopped, when a detector's alert says
+    it stopped the run, else crashed, at the last logged step."""
     steps = config.get("steps") if isinstance(config.get("steps"), int) else None
     step = max((m["step"] for m in metrics if isinstance(m.get("step"), int)), default=0)
     missing = []
@@ -95,6 +97,10 @@ def run_status(run: Path, metrics: list[dict], config: dict, *, error: str | Non
         return Status("finished", step, steps, f"finished: {step} steps")
     if quickstart and not run.is_dir():
         return Status("crashed", 0, steps, "crashed before GRPO started: " + "; ".join(missing))
+    stop = next((a for a in alerts if a.get("action") == "stopped"), None)
+    if stop is not None:
+        return Status("stopped", step, steps, f"stopped at step {step} by detector '{stop.get('detector')}' "
+                                              f"(its alert at step {stop.get('step')}): " + "; ".join(missing))
     return Status("crashed", step, steps, f"crashed at step {step}: " + "; ".join(missing))
 
 

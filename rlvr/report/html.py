@@ -99,6 +99,9 @@ def curves(data: RunData) -> str:
         charts.line_chart("chart-length", "Response length (policy tokens, mean)",
                           rollout({"rollout/response_tokens_mean": "tokens"}), note=avg),
         charts.line_chart("chart-kl", "KL and sampler/trainer log-prob mismatch", rollout(kl), note=avg),
+        charts.line_chart("chart-signal", "Learning signal: sampled entropy and within-group reward std",
+                          rollout({"rollout/entropy": "entropy", "rollout/group_reward_std": "group reward std"}),
+                          note=avg),
     ]
     return '<div class="charts">' + "".join(f for f in figures if f) + "</div>"
 

@@ -29,6 +29,7 @@ small, .muted { color: var(--muted); }
 .badge { display: inline-block; padding: 0 7px; border-radius: 10px; font-size: 12px; font-weight: 600; color: #fff; }
 .badge.pass, .badge.finished { background: var(--pass); }
 .badge.fail, .badge.crashed { background: var(--fail); }
+.badge.stopped { background: var(--warn); }
 .charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(460px, 1fr)); gap: 14px; }
 figure { margin: 0; border: 1px solid var(--line); border-radius: 6px; padding: 8px; background: #fff; }
 figure img { max-width: 100%; }
