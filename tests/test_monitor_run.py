@@ -15,6 +15,7 @@ from rlvr.config import load_config
 from rlvr.model.checkpoint import latest_checkpoint
 from rlvr.monitor.alerts import RunStopped, read_alerts
 from rlvr.monitor.metrics import read_metrics
+from test_grpo import digits_registered
 
 SAMPLE_DETECTORS = ("tampering", "literal_expected", "visible_hidden_gap", "answer_stuffing")
 
@@ -110,3 +111,51 @@ def test_a_resumed_run_writes_the_same_alerts_once(tiny_model_dir, tmp_path, mon
     assert {a["detector"] for a in straight} >= {"answer_stuffing", "variance_collapse"}
     assert crashed == straight
     assert len({(a["step"], a["detector"], a.get("domain")) for a in crashed}) == len(crashed)
+
+
+def _nan_from(monkeypatch, grpo, step: int):
+    """Make the policy loss NaN from the update of ``step`` on (every micro-batch)."""
+    real, updates = grpo.micro_loss, []
+    real_update = grpo.update
+
+    def update(run, kept, advantages, cfg):
+        updates.append(run.step + 1)
+        return real_update(run, kept, advantages, cfg)
+
+    def micro_loss(*args, **kw):
+        loss, metrics = real(*args, **kw)
+        if updates[-1] >= step:
+            loss = loss * float("nan")
+            metrics["pg_loss"] = float(loss.detach())
+        return loss, metrics
+    monkeypatch.setattr(grpo, "update", update)
+    monkeypatch.setattr(grpo, "micro_loss", micro_loss)
+
+
+def test_nan_inf_stop_halts_before_the_optimizer_step(tiny_model_dir, tmp_path, monkeypatch):
+    import torch
+
+    import rlvr.train.grpo as grpo
+    from rlvr.model.load import load_model
+
+    _nan_from(monkeypatch, grpo, step=2)
+    cfg = _cfg(tiny_model_dir, tmp_path, ["test.digits"], steps=4, **{"monitor.nan_inf.action": "stop",
+                                                                      "reward.outcome": "score"})
+    with digits_registered(), pytest.raises(RunStopped, match="run stopped at step 2 by detector 'nan_inf'"):
+        grpo.run_grpo(cfg, progress=False)
+    [alert] = [a for a in read_alerts(tmp_path) if a["detector"] == "nan_inf"]
+    assert alert["evidence"]["before_optimizer_step"] and alert["evidence"]["nonfinite"]["train/pg_loss"] == "nan"
+    assert latest_checkpoint(tmp_path).name == "step_1"
+    model = load_model(latest_checkpoint(tmp_path))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_nan_inf_logged_once_while_it_lasts(tiny_model_dir, tmp_path, monkeypatch):
+    import rlvr.train.grpo as grpo
+
+    _nan_from(monkeypatch, grpo, step=2)
+    with digits_registered():
+        grpo.run_grpo(_cfg(tiny_model_dir, tmp_path, ["test.digits"], steps=4, **{"reward.outcome": "score"}),
+                      progress=False)
+    assert [a["step"] for a in read_alerts(tmp_path) if a["detector"] == "nan_inf"] == [2]
+    assert all(m["train/pg_loss"] != m["train/pg_loss"] for m in read_metrics(tmp_path)[1:] if "train/pg_loss" in m)

@@ -33,8 +33,7 @@ from typing import Any, Literal
 from rlvr.registry import Registry
 from rlvr.types import Scored, Task
 
-Severity = Literal["info", "warning", "critical"]
-SEVERITIES = ("info", "warning", "critical")
+Severity = Literal["info", "warning", "critical"]  # rlvr.monitor.alerts.SEVERITIES
 
 
 @dataclass(frozen=True)

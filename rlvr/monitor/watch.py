@@ -37,7 +37,7 @@ def history_row(step: int, metrics: dict[str, Any]) -> dict[str, Any]:
     """A metrics row as ``metrics.jsonl`` reads back: numbers as floats, no ``time/*``."""
     row = {k: float(v) for k, v in metrics.items()
            if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("time/")}
-    return {"step": step, **row}
+    return {**row, "step": step}
 
 
 def zeroed(s: Scored, reward: RewardConfig) -> Scored:
