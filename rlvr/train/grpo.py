@@ -4,10 +4,13 @@ One step:  batch = source.next()          which tasks (curriculum), then n sampl
                                            (``rollout``: exact tokens + sampling logprobs; multi-turn
                                            tasks play episodes in their environments), then
                                            ``verify_and_reward``: verdict -> reward terms
+           monitor.screen()                reward-hack detectors on the samples: alert, zero, stop
            advantages = ADVANTAGES[...]    per group; zero-variance groups dropped
            update()                        PPO-clip epochs over mini/micro-batches
            source.push(model)              the rollout side gets the new weights
-           log, eval, checkpoint           metrics.jsonl + TensorBoard; atomic, resumable
+           log, eval, checkpoint           metrics.jsonl + TensorBoard, sampled trajectories, the
+                                           detectors over the metrics (docs/monitoring.md);
+                                           checkpoints atomic, resumable
 Algorithm variants live in registries (``rlvr.algos``); this file never branches on their names.
 
 Batches come from a ``RolloutSource`` (``rlvr.rollout.source``): ``next`` gives the verified
@@ -620,8 +623,9 @@ def rollout_metrics(scored: list[Scored], kept: list[Scored]) -> dict:
 
 
 def sampled_entropy(scored: list[Scored]) -> float:
-    """Mean -log p of the sampled policy tokens (nats per token): an estimate of the sampling
-    distribution's entropy from the tokens it drew."""
+    """Mean -log pi of the sampled policy tokens (nats per token; the rollout's log-probs are the
+    policy's at temperature 1): at sampling temperature 1, the policy's entropy estimated from its
+    own samples (``entropy_collapse`` watches it)."""
     total = sum(-lp for s in scored for lp, m in zip(s.trajectory.logprobs, s.trajectory.loss_mask) if m)
     return total / max(1, sum(s.trajectory.num_policy_tokens for s in scored))
 
