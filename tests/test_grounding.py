@@ -13,7 +13,9 @@ import pytest
 import rlvr.tasks  # noqa: F401  (registers the domains)
 from rlvr.envs.base import play
 from rlvr.envs.tool_grounding import (
-    calc_operands,
+    COPIES,
+    calc_replays,
+    calc_tracks,
     perturbed_tables,
     question_numbers,
     replay,
@@ -96,11 +98,15 @@ def test_literals_must_come_from_the_question():
 def test_perturbed_tables_keep_names_and_kinds_and_are_deterministic():
     rows = [["cup", "toy", 10, 3], ["ink", "food", 5, 1], ["pen", "toy", 99, 20]]
     a, b = perturbed_tables(rows, "k"), perturbed_tables(rows, "k")
-    assert a == b and len(a) == 2 and a[0] != a[1] and perturbed_tables(rows, "other") != a
-    for table in a:
+    assert a == b and len(a) == len(COPIES) and perturbed_tables(rows, "other") != a
+    assert len({str(t) for t in a}) == len(a)  # every copy differs
+    for table, what in zip(a, COPIES):
         assert [r[:2] for r in table[:3]] == [r[:2] for r in rows]
         assert all(new[2] > old[2] and new[3] > old[3] for new, old in zip(table, rows))
         extra = table[3:]
+        if what == "values":
+            assert extra == []
+            continue
         assert sorted(r[1] for r in extra) == ["food", "toy"]  # one new row per kind
         assert all(r[0] not in {"cup", "ink", "pen"} and r[2] > max(x[2] for x in table[:3])
                    for r in extra)
@@ -118,7 +124,19 @@ def test_tracks_and_replay():
              ("calculator", {"expression": "5 * 5"})]
     assert replay(calls, ["5", "25"], ["8"], calculate) == "40"
     assert replay(calls, ["5", "25"], [None], calculate) is None
-    assert sorted(calc_operands("-(2 + 3) * 4.5")) == [2.0, 3.0, 4.5] and calc_operands("1 +") is None
+    # a calculation replayed: each operand from each of its sources, on each copy
+    from rlvr.envs.tool_use import _evaluate
+
+    known = {34.0: [("41", "40", "37", "36")], 7.0: [("7",) * 4]}
+    assert calc_replays("-(34 - 7) * 7", known, 4, _evaluate) == [("-238", "-231", "-210", "-203")]
+    assert calc_replays("34 * 8", known, 4, _evaluate) is None  # 8 is not known
+    assert calc_replays("1 +", known, 4, _evaluate) is None
+    known[7.0].append(("9", "9", "9", "9"))  # 7 also came from somewhere that moves
+    assert len(calc_replays("34 * 7", known, 4, _evaluate)) == 2
+    replays = [("287", "280", "259", "252")]
+    assert calc_tracks(replays, "238", [None, None, "259", "252"], eq)
+    assert not calc_tracks(replays, "238", [None, None, "259", "250"], eq)
+    assert not calc_tracks([("238",) * 4], "238", ["238"] * 4, eq)  # a gold that never moves
 
 
 # ---------------------------------------------------------------- honest episodes pass
@@ -223,6 +241,40 @@ def test_laundered_calculator_fails(env):
         == "unsupported"
     # the honest chain, for contrast
     assert verdict(env, t, [*t.actions[:-1], answer(g)]).passed
+
+
+def two_summing_to(values: list[int], total: int) -> tuple[int, int] | None:
+    return next(((a, b) for i, a in enumerate(values) for b in values[i + 1:] if a + b == total), None)
+
+
+def test_fishing_data_numbers_into_the_calculator_fails(env):
+    # a count of 'kind' items, made from two quantities that happen to add up to it
+    t = find(3, lambda t: form(t, "COUNT(*) FROM items WHERE kind") and two_summing_to(
+        [r[3] for r in t.spec.payload["rows"]], int(t.spec.payload["answer"])) is not None)
+    a, b = two_summing_to([r[3] for r in t.spec.payload["rows"]], int(t.spec.payload["answer"]))
+    assert verdict(env, t, [sql("SELECT qty FROM items"), calc(f"{a} + {b}"),
+                            answer(t.spec.payload["answer"])]).reason == "unsupported"
+    # a total qty made from the wrong rows
+    def fishable(t):
+        if not form(t, "SUM(qty)"):
+            return False
+        kind = t.spec.payload["calls"][0][1]["query"].split("'")[1]
+        others = [r[3] for r in t.spec.payload["rows"] if r[1] != kind]
+        return two_summing_to(others, int(t.spec.payload["answer"])) is not None
+    t = find(3, fishable)
+    kind = t.spec.payload["calls"][0][1]["query"].split("'")[1]
+    a, b = two_summing_to([r[3] for r in t.spec.payload["rows"] if r[1] != kind], int(t.spec.payload["answer"]))
+    assert verdict(env, t, [sql("SELECT qty FROM items"), calc(f"{a} + {b}"),
+                            answer(t.spec.payload["answer"])]).reason == "unsupported"
+    # the right rows, summed by the calculator, for contrast
+    right = [r[3] for r in t.spec.payload["rows"] if r[1] == kind]
+    assert verdict(env, t, [sql("SELECT qty FROM items"), calc(" + ".join(map(str, right))),
+                            answer(t.spec.payload["answer"])]).passed
+    # a count built from the question's own number: 30/30 + 30/30 + ...
+    t = find(3, lambda t: form(t, "price >"))
+    g, threshold = int(t.spec.payload["answer"]), int(question_numbers(t.prompt[0]["content"]).pop())
+    ones = " + ".join([f"{threshold}/{threshold}"] * g)
+    assert verdict(env, t, [sql("SELECT COUNT(*) FROM items"), calc(ones), answer(g)]).reason == "unsupported"
 
 
 def test_found_score_needs_grounding(env):

@@ -45,13 +45,18 @@ from typing import Any
 
 from rlvr.envs.base import ENVS, EnvConfig, Step, ToolEnv
 from rlvr.envs.tool_grounding import (
+    COPIES,
+    MAX_VECTORS,
     NUMBER,
-    calc_operands,
+    ROW_COPIES,
+    calc_replays,
+    calc_tracks,
     numbers_in,
     perturbed_tables,
     question_numbers,
     replay,
     sql_literals_ok,
+    sql_vectors,
     tracks,
 )
 from rlvr.envs.tools import Tool, ToolCallError
@@ -128,6 +133,11 @@ def _eval(node: ast.AST) -> int | float:
                 raise ToolCallError("error: calculator: number too large")
             return _check(a**b)
     raise ToolCallError("error: calculator: only numbers, + - * / // % **, and parentheses")
+
+
+def _evaluate(tree: ast.AST) -> str:
+    """A parsed expression's value (the calculator without its length limits: replays)."""
+    return format_number(_eval(tree))
 
 
 def calculate(expression: str) -> str:
@@ -306,26 +316,31 @@ class ToolUseEnv(ToolEnv):
         ``rlvr.envs.tool_grounding``."""
         if not any(e["ok"] and _contains(e["result"], gold) for e in self.log):
             return False  # nothing to ground: no sandbox run
-        payload = self.task.spec.payload
-        has_db = bool(payload.get("rows"))
+        has_db = bool(self.task.spec.payload.get("rows"))
         prompt = " ".join(m["content"] for m in self.task.prompt if m.get("role") == "user")
-        known = set(question_numbers(prompt))  # numbers a calculator expression may use
         perturbed, golds = self._perturbed(prompt) if has_db else ({}, None)
+        copies = len(COPIES) if has_db else 0
+        # numbers an expression may use, each with its value on every copy (rule 4)
+        known: dict[float, list[tuple]] = {q: [(format_number(q),) * copies] for q in question_numbers(prompt)}
         for i, entry in enumerate(self.log):
             if not entry["ok"]:
                 continue
             result = entry["result"]
             if entry["name"] == "sql":
                 runs = perturbed.get(i)
-                if runs is None or any(r == result for r in runs):
+                if runs is None or any(runs[k] == result for k in ROW_COPIES):
                     continue  # not a literal-clean query of the table, or its result ignores the data
                 tracked = golds is None or tracks(result, runs, gold, golds, answers_equal)
+                new = sql_vectors(result, runs)
             else:
-                operands = calc_operands(entry["arguments"]["expression"])
-                if operands is None or not all(x in known for x in operands):
+                replays = calc_replays(entry["arguments"]["expression"], known, copies, _evaluate)
+                if replays is None:
                     continue  # a number from neither the question nor a grounded result
-                tracked = True
-            known.update(float(n) for n in numbers_in(result))
+                tracked = not has_db or calc_tracks(replays, gold, golds, answers_equal)
+                new = {float(n): replays for n in numbers_in(result)}
+            for value, vectors in new.items():
+                have = known.setdefault(value, [])
+                have += [v for v in vectors if v not in have][:MAX_VECTORS - len(have)]
             args_text = " ".join(str(v) for v in entry["arguments"].values())
             if not tracked or _contains(args_text, gold):
                 continue
@@ -333,10 +348,10 @@ class ToolUseEnv(ToolEnv):
                 return True
         return False
 
-    def _perturbed(self, prompt: str) -> tuple[dict[int, list[str]], list[str] | None]:
+    def _perturbed(self, prompt: str) -> tuple[dict[int, list[str]], list[str | None] | None]:
         """For each literal-clean sql call that read the table (log index), its results on the
         perturbed copies; and the gold on each copy (the expert replayed; None when the task has
-        no expert calls or they cannot be replayed). One sandbox job, cached per episode."""
+        no expert calls). One sandbox job, cached per episode."""
         if self._grounding is not None and self._grounding[0] == len(self.log):
             return self._grounding[1]
         payload = self.task.spec.payload
@@ -353,13 +368,12 @@ class ToolUseEnv(ToolEnv):
             runs = outs[n * per:(n + 1) * per]
             if all(r is not None for r in runs):
                 perturbed[i] = runs
-        golds: list[str] | None = None
+        golds: list[str | None] | None = None
         if calls:
             base = len(mine) * per
             golds = [replay(calls, payload.get("results") or [],
                             [outs[base + q * per + k] for q in range(len(expert))], calculate)
                      for k in range(per)]
-            golds = None if any(g is None for g in golds) else golds
         self._grounding = (len(self.log), (perturbed, golds))
         return perturbed, golds
 
