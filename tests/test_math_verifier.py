@@ -323,3 +323,24 @@ def test_prose_around_a_number_is_not_an_answer(pred, gold, equal):
     assert answers_equal(pred, gold) is equal
     task = Task(id="t", domain="math", level=1, prompt=({"role": "user", "content": "q"},), spec=Spec("math", {"answer": gold}))
     assert get_verifier(task).check(task, f"Answer: {pred}").passed is equal
+
+
+HEDGES = ["{a} ⇒ {b}", "{a} ≈ {b}", "{a} ≡ {b}", "{a} ∨ {b}", "{a} ⟹ {b}", "{a} \\iff {b}", "{a} \\Leftarrow {b}",
+          "{a} \\cong {b}", "{a} \\simeq {b}", "{a} \\land {b}", "{a} \\wedge {b}", "{a} \\cup {b}", "{a} \\in {b}",
+          "{a} \\oplus {b}", "{a} \\mid {b}", "{a} \\bmod {b}", "{a}|{b}", "{a}_{{{b}}}", "\\max({a},{b})",
+          "\\min({a},{b})", "{a} \\circ {b}", "{a} ° {b}", "{a} {{}} {b}", "{a} \\text{{,}} {b}",
+          "{a} \\operatorname{{or}} {b}", "{a} \\# {b}", "{a} ⊕ {b}", "{a} … {b}"]
+
+
+@pytest.mark.parametrize("form", HEDGES)
+def test_two_numbers_in_notation_the_gold_does_not_use_match_neither(form):
+    # math-verify reads one side of what it does not know: "84 ⇒ 85" would be 85, "84 ≈ 85" 84
+    completion = "Answer: " + form.format(a=84, b=85)
+    assert not _check(completion, answer="84").passed and not _check(completion, answer="85").passed
+
+
+@pytest.mark.parametrize("pred, gold", [("30^\\circ", "30"), ("30°", "30"), ("\\mathbf{84}", "84"),
+                                        ("(-\\infty,3) \\cup (3,\\infty)", "x \\ne 3"), ("A \\cup B", "A \\cup B"),
+                                        ("x_1", "x_1"), ("12\\text{ cm}", "12")])
+def test_notation_of_the_gold_or_a_unit_at_the_end_is_allowed(pred, gold):
+    assert answers_equal(pred, gold)

@@ -27,6 +27,10 @@ parsed as LaTeX and as plain expressions) after a little normalisation. Decision
   * two numbers separated only by spaces (``4 2``, ``4\;2``) never match (math-verify reads
     4 + 2), and neither does a chain the gold does not have (``41 \to 42``, ``41 \vee 42``),
     which math-verify would read as its last side.
+  * notation the gold does not use is not an answer, beyond plain maths (numbers, ``\frac``,
+    ``\sqrt``, ``\pi``, ``\infty``, arithmetic and comparison signs, braces, ``\text``): math-verify
+    reads one side of anything it does not know, so ``41 ⇒ 42``, ``41 \iff 42``, ``42 ≈ 41``,
+    ``41 \cup 42``, ``41 \oplus 42``, ``41|42``, ``42_{41}`` or ``\max(41, 42)`` would be 42 or 41.
   * prose is not an answer: ``The answer is 1`` or ``about 12`` never match ``1``/``12`` (math-verify
     would read the number out of the sentence); a unit after the number (``12 cm``) is allowed.
   * a currency sign is dropped (``$5`` == ``5``), LaTeX spacing (``\,`` ``~``) is a space.
@@ -69,6 +73,14 @@ _LATEX_SPACE = re.compile(r"\\(?:[,;:! ]|q?quad\b)|~")
 _RELATIONS = re.compile(
     r"\\(?:to|[rR]ightarrow|[iI]mplies|mapsto|sim|approx|equiv|coloneqq|vee|lor|[lc]?dots)\b|:=|→"
 )
+# notation any answer may use: numbers' own LaTeX, arithmetic, comparison, braces of sets, text
+_PLAIN_COMMANDS = frozenset("frac dfrac tfrac sqrt pi infty cdot times div pm mp left right text mathrm textbf mathbf "
+                            "sin cos tan cot sec csc log ln exp".split()) | set("{}%,;: ")
+_PLAIN_SYMBOLS = frozenset("≤≥≠−×÷·±√∞π")
+_DEGREES_AT_END = re.compile(r"(?:\^\s*\{?\s*\\circ\s*\}?|°)\s*$")  # a unit, not an operator
+_TEXT_BLOCK = re.compile(r"\\(?:text|mathrm|textbf|mathbf)\{[^{}]*\}")
+_ODD_ASCII = frozenset("|&#;_")
+_COMMAND = re.compile(r"\\([A-Za-z]+|.)")
 _INTEGER = re.compile(r"[+-]?\d+")
 _OPERATORS = {
     "add": re.compile(r"(?<=[\w)\]}.])\s*[-+−]"),  # a binary plus or minus: after an operand
@@ -248,6 +260,26 @@ def _is_prose(s: str) -> bool:
     return len(words) >= 2 or any(m.start() < first_digit for m in words)
 
 
+def _notation(s: str) -> set[str]:
+    """The LaTeX commands and the symbols beyond plain ASCII maths that ``s`` uses; also an empty
+    group and text before a number (``4 {} 2``, ``4 \\text{,} 2``), which hide two numbers."""
+    s = _DEGREES_AT_END.sub("", s)
+    marks = {"{}"} if re.search(r"\{\s*\}", s) else set()
+    if any(re.search(r"\d", s[m.end():]) for m in _TEXT_BLOCK.finditer(s)):
+        marks.add("\\text before a number")
+    rest = _COMMAND.sub(" ", s)
+    return marks | {f"\\{c}" for c in _COMMAND.findall(s)} | {ch for ch in rest if ch in _ODD_ASCII
+                                                              or (ord(ch) > 127 and not ch.isalnum())}
+
+
+def _foreign_notation(pred: str, gold: str) -> bool:
+    """Whether ``pred`` uses notation neither plain maths nor ``gold`` uses (module docstring)."""
+    plain = {f"\\{c}" for c in _PLAIN_COMMANDS} | _PLAIN_SYMBOLS
+    if _INEQUALITY.search(gold):
+        plain |= {"\\cup"}  # a union of intervals answers a relation
+    return bool(_notation(pred) - _notation(gold) - plain)
+
+
 def _comparable(pred: str, gold: str) -> tuple[str, str] | None:
     p, g = _normalise(pred), _normalise(gold)
     if p is None or g is None:
@@ -259,6 +291,8 @@ def _comparable(pred: str, gold: str) -> tuple[str, str] | None:
     elif "=" in g and "=" not in p:
         g = _rhs_of_assignment(g)
     if p is None or g is None or _JUXTAPOSED.search(p) or _JUXTAPOSED.search(g):
+        return None
+    if _foreign_notation(p, g):
         return None
     if _RELATIONS.search(p) and not _RELATIONS.search(g):
         return None
