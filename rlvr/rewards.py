@@ -1,7 +1,9 @@
 """Reward composition: verdict -> scalar reward plus named terms that sum to it.
 
-reward = outcome   pass / fail value, or the verifier's partial score if asked, or the value of
-                   the user's reward functions (a verdict with details["reward"])
+reward = outcome   pass / fail value (``outcome: binary``), or with ``outcome: score`` the
+                   verifier's partial score for a failure (docs/verifiers.md says what earns
+                   it and what zeroes it), or the value of the user's reward functions (a
+                   verdict with details["reward"])
        + format    small bonus when the answer is in the required form
        + overlong  DAPO soft punishment near the generation limit, or a fixed penalty for
                    samples truncated at the limit
@@ -36,8 +38,12 @@ class RewardConfig:
     fail_reward: float = 0.0
     """Outcome reward when it fails."""
     outcome: Literal["binary", "score"] = "binary"
-    """`binary`: pass/fail values; `score`: fail + (pass - fail) * verdict.score (partial credit).
-    Either way, a verdict of the user's reward functions (spec kind `python`) gives its own value
+    """`binary`: pass_reward if the verdict passed, else fail_reward. `score`: fail + (pass - fail)
+    * verdict.score: a pass pays pass_reward, a failure its partial score, which is 0 for most
+    verifiers; `code` pays the hidden cases right beyond the best constant or argument-returning
+    program (so those earn 0), `tool.use` 0.5 for a grounded result that was exactly the gold but
+    not carried into the answer (docs/verifiers.md, "What each reward mode pays"). Either way, a
+    verdict of the user's reward functions (spec kind `python`) gives its own value
     (details['reward'], the weighted sum) as the outcome."""
     format_weight: float = 0.0
     """Added when the verifier reports details['format_ok'] (0 disables)."""
