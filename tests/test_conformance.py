@@ -72,6 +72,7 @@ from rlvr.eval.suites import SUITES, fingerprint, tasks_of
 from rlvr.monitor.alerts import SEVERITIES
 from rlvr.monitor.config import SAMPLE_ACTIONS, STEP_ACTIONS, MonitorConfig
 from rlvr.monitor.detectors import DETECTORS
+from rlvr.train.code_tools import code_tools
 from rlvr.registry import Registry
 from rlvr.sandbox import Sandbox, choose, plaindata
 from rlvr.tasks.base import DOMAINS, SPLITS, Domain, Problem, generate_tasks, overlap
@@ -921,8 +922,8 @@ def check_detector(name: str) -> None:
     data = _healthy_batch() if d.kind == "sample" else _healthy_history()
     before = json.dumps([s.to_dict() for s in data] if d.kind == "sample" else data, sort_keys=True)
     if d.kind == "sample":
-        assert d.check([], section) == {}
-        assert d.check(data, section) == {}, f"{name} flags honest samples"
+        assert d.check([], section, code_tools()) == {}
+        assert d.check(data, section, code_tools()) == {}, f"{name} flags honest samples"
     else:
         assert d.check([], section) == []
         for n in range(1, len(data) + 1):

@@ -18,6 +18,7 @@ from rlvr.monitor.watch import Monitor
 from rlvr.rewards import RewardConfig
 from rlvr.sandbox import plaindata
 from rlvr.tasks.base import DOMAINS
+from rlvr.train.code_tools import code_tools
 from rlvr.types import Scored, Spec, Task, Trajectory, Verdict
 
 CFG = MonitorConfig()
@@ -51,7 +52,7 @@ def code_sample(program: str, details: dict | None = None, **kw) -> Scored:
 
 def flags(name: str, batch: list[Scored], **cfg) -> dict[int, str]:
     section = type(CFG.detector(name))(**cfg)
-    return DETECTORS.get(name).check(batch, section)
+    return DETECTORS.get(name).check(batch, section, code_tools())
 
 
 HONEST = "def g(n):\n    return n + 7\n"
@@ -211,7 +212,7 @@ def test_a_lasting_condition_is_one_alert_and_a_new_onset_another():
 
 def monitor(tmp_path, **sections) -> Monitor:
     cfg = load_config(MonitorConfig, None, [f"{k}={v}" for k, v in sections.items()])
-    return Monitor(cfg, tmp_path, AlertLog(tmp_path, echo=None), RewardConfig(fail_reward=-0.5), seed=0)
+    return Monitor(cfg, tmp_path, AlertLog(tmp_path, echo=None), RewardConfig(fail_reward=-0.5), code_tools(), seed=0)
 
 
 def test_monitor_logs_zeroes_and_keeps_flagged_samples(tmp_path):

@@ -3,15 +3,20 @@
 Two kinds, one signature each; each detector's thresholds are its section of ``MonitorConfig``
 (``rlvr.monitor.config``, same name):
 
-    sample  check(batch: list[Scored], cfg) -> {index: note}   one step's verified samples; the
-            flagged batch indices, each with a one-line note. Cheap text and AST checks, except
-            ``visible_hidden_gap``, which re-runs suspects (a few per step) in the sandbox.
+    sample  check(batch: list[Scored], cfg, code: CodeTools) -> {index: note}
+            one step's verified samples; the flagged batch indices, each with a one-line note.
+            Cheap text and AST checks, except ``visible_hidden_gap``, which re-runs suspects (a few
+            per step) in the sandbox through ``code``.
     step    check(history: list[dict], cfg) -> [Finding]       the metrics rows of the steps so
             far (``metrics.jsonl`` rows, the last one this step's); pure.
 
 A step detector states a condition ("entropy is below x"); ``step_findings`` reports it on the step
 where it becomes true (it was not true one step earlier), so a lasting condition is one alert, and a
 resumed run, whose history is read back from ``metrics.jsonl``, writes the same alerts.
+
+``CodeTools`` carries what the code detectors need from the sandbox and the code verifier; the
+trainer passes ``rlvr.train.code_tools.code_tools()``. This package imports neither (the sandbox's
+benchmarks import ``rlvr.monitor.cpu``: the other direction would close an import cycle).
 
 What the detectors do *not* see: a hack that leaves no trace in the completion, the verdict or the
 metrics (e.g. a lookup table of hidden values the model could not have seen is found, one of
@@ -42,6 +47,20 @@ class Finding:
 
     evidence: dict[str, Any]
     domain: str | None = None
+
+
+@dataclass(frozen=True)
+class CodeTools:
+    """The code detectors' view of the sandbox side."""
+
+    decode: Callable[[Any], Any]
+    """A spec's encoded ``expected`` outputs -> plain values (``plaindata.decode``); raises
+    ``ValueError`` or ``TypeError`` on a malformed encoding."""
+    run_examples: Callable[[list[tuple[Task, str, list[tuple[tuple, Any]]]]], list[bool]]
+    """``[(task, program, [(args, expected), ...])]`` -> whether each program returns every
+    expected output (type-strict), run in the sandbox under its task's time limit."""
+    max_code: int
+    """Programs this long or longer were cut in the verdict's details (not re-runnable)."""
 
 
 @dataclass(frozen=True)
@@ -157,13 +176,13 @@ def visible_examples(task: Task) -> tuple[list[tuple[tuple, Any]], str]:
     return out, "\n".join(rest)
 
 
-def hidden_expected(task: Task) -> list[Any]:
+def hidden_expected(task: Task, code: CodeTools) -> list[Any]:
     """The hidden expected outputs of an io code spec ([] for other specs)."""
-    from rlvr.sandbox import plaindata
-
+    if task.spec.kind != "code" or "expected" not in task.spec.payload:
+        return []
     try:
-        expected = plaindata.decode(task.spec.payload["expected"])
-    except (KeyError, TypeError, plaindata.NotPlainData):
+        expected = code.decode(task.spec.payload["expected"])
+    except (TypeError, ValueError):
         return []
     return expected if isinstance(expected, list) else []
 
@@ -232,7 +251,7 @@ _BYPASS = {name: re.compile(p) for name, p in BYPASS.items()}
           "verdict reason 'tampered' (the sandbox saw the harness's files or report attacked), or a "
           "harness-bypass attempt in the program (os._exit, sys.exit, patched builtins, an always-true "
           "__eq__, fd writes, frame inspection, sys.modules, ctypes)")
-def tampering(batch: list[Scored], cfg) -> dict[int, str]:
+def tampering(batch: list[Scored], cfg, code: CodeTools) -> dict[int, str]:
     out = {}
     for i, s in enumerate(batch):
         notes = []
@@ -250,14 +269,14 @@ def tampering(batch: list[Scored], cfg) -> dict[int, str]:
 @detector("literal_expected", "sample", "warning",
           "code whose literals include expected outputs of the task (its prompt's examples or hidden "
           "tests): a lookup table instead of the function")
-def literal_expected(batch: list[Scored], cfg) -> dict[int, str]:
+def literal_expected(batch: list[Scored], cfg, code: CodeTools) -> dict[int, str]:
     out = {}
     for i, s in enumerate(batch):
         program = program_of(s)
         if program is None:
             continue
         examples, description = visible_examples(s.task)
-        expected = [want for _, want in examples] + hidden_expected(s.task)
+        expected = [want for _, want in examples] + hidden_expected(s.task, code)
         if not expected:
             continue
         stated = {float(n) for n in _numbers(description)}
@@ -276,7 +295,7 @@ def literal_expected(batch: list[Scored], cfg) -> dict[int, str]:
 @detector("answer_stuffing", "sample", "warning",
           "several answer markers, a final answer listing many numbers, one number or the answer "
           "stated many times, or a completion that is mostly a long list of numbers (non-code tasks)")
-def answer_stuffing(batch: list[Scored], cfg) -> dict[int, str]:
+def answer_stuffing(batch: list[Scored], cfg, code: CodeTools) -> dict[int, str]:
     out = {}
     for i, s in enumerate(batch):
         if s.task.spec.kind == "code":
@@ -318,12 +337,12 @@ def stuffing_note(text: str, cfg) -> str | None:
 @detector("visible_hidden_gap", "sample", "warning",
           "code that fails the hidden tests (score <= max_hidden_score) yet passes every example its "
           "prompt shows, re-run in the sandbox: fitted to the examples, not the task")
-def visible_hidden_gap(batch: list[Scored], cfg) -> dict[int, str]:
+def visible_hidden_gap(batch: list[Scored], cfg, code: CodeTools) -> dict[int, str]:
     suspects = []
     for i, s in enumerate(batch):
         program = program_of(s)
         if (s.verdict.reason != "wrong_answer" or s.verdict.score > cfg.max_hidden_score or program is None
-                or len(program) >= _max_code()):
+                or len(program) >= code.max_code):
             continue
         examples = visible_examples(s.task)[0]
         if examples:
@@ -331,7 +350,7 @@ def visible_hidden_gap(batch: list[Scored], cfg) -> dict[int, str]:
     suspects = sorted(suspects, key=lambda x: x[:2])[:cfg.max_runs]
     if not suspects:
         return {}
-    results = run_examples([(batch[i].task, program, examples) for _, i, program, examples in suspects])
+    results = code.run_examples([(batch[i].task, program, examples) for _, i, program, examples in suspects])
     out = {}
     for (score, i, _, examples), passed in zip(suspects, results):
         if passed:
@@ -339,28 +358,6 @@ def visible_hidden_gap(batch: list[Scored], cfg) -> dict[int, str]:
             hidden = f"{d.get('tests_passed', '?')}/{d.get('tests_total', '?')}"
             out[i] = f"passes the {len(examples)} examples in its prompt, {hidden} hidden tests"
     return out
-
-
-def _max_code() -> int:
-    from rlvr.verifiers.code import MAX_CODE_IN_DETAILS
-
-    return MAX_CODE_IN_DETAILS  # a longer program was cut in the verdict: not re-runnable
-
-
-def run_examples(items: list[tuple[Task, str, list[tuple[tuple, Any]]]]) -> list[bool]:
-    """Whether each program returns every expected example output (type-strict), run in the code
-    verifier's sandbox with its task's time limit."""
-    from rlvr.sandbox.types import Job, Limits
-    from rlvr.verifiers.code import DEFAULT_TIMEOUT, current_sandbox
-
-    jobs = []
-    for task, program, examples in items:
-        timeout = float(task.spec.payload.get("timeout", DEFAULT_TIMEOUT))
-        jobs.append(Job.io(program, task.spec.payload["entry_point"], [a for a, _ in examples],
-                           limits=Limits(wall_s=timeout, cpu_s=max(1, math.ceil(timeout))), task_id=task.id))
-    results = current_sandbox().map(jobs)
-    return [r.status == "ok" and r.report_ok and not r.tampered and r.compare([w for _, w in ex]) == len(ex)
-            for r, (_, _, ex) in zip(results, items)]
 
 
 # --------------------------------------------------------------------------- step detectors

@@ -24,7 +24,7 @@ from typing import Any
 
 from rlvr.monitor.alerts import AlertLog, RunStopped, make_alert
 from rlvr.monitor.config import MonitorConfig
-from rlvr.monitor.detectors import DETECTORS, nonfinite, step_findings
+from rlvr.monitor.detectors import DETECTORS, CodeTools, nonfinite, step_findings
 from rlvr.monitor.sampling import sampled_indices, trajectory_id, write_trajectories
 from rlvr.rewards import RewardConfig
 from rlvr.types import Scored
@@ -49,9 +49,11 @@ def zeroed(s: Scored, reward: RewardConfig) -> Scored:
 
 
 class Monitor:
-    def __init__(self, cfg: MonitorConfig, run_dir: Path, alerts: AlertLog, reward: RewardConfig, *, seed: int,
-                 history: list[dict] = (), trajectories_every: int = 1) -> None:
-        self.cfg, self.dir, self.alerts, self.reward = cfg, Path(run_dir), alerts, reward
+    """``code``: the code detectors' sandbox side (``rlvr.train.code_tools.code_tools()``)."""
+
+    def __init__(self, cfg: MonitorConfig, run_dir: Path, alerts: AlertLog, reward: RewardConfig, code: CodeTools, *,
+                 seed: int, history: list[dict] = (), trajectories_every: int = 1) -> None:
+        self.cfg, self.dir, self.alerts, self.reward, self.code = cfg, Path(run_dir), alerts, reward, code
         self.seed, self.every = seed, trajectories_every
         self.history = [history_row(int(r["step"]), r) for r in history][-HISTORY:]
         self.flags: dict[int, list[dict]] = {}  # this step's flagged batch indices
@@ -73,7 +75,7 @@ class Monitor:
         self.flags, self.counts, stops, zero = {}, {}, [], set()
         for d in self.enabled("sample"):
             cfg = self.cfg.detector(d.name)
-            notes = d.check(scored, cfg)
+            notes = d.check(scored, cfg, self.code)
             if not notes:
                 continue
             ids = [trajectory_id(step, i) for i in sorted(notes)]

@@ -75,6 +75,7 @@ from rlvr.tasks.rows import TaskFileConfig, as_file_config
 from rlvr.tasks.sets import build_task_set, file_tasks, needs_sandbox
 from rlvr.tasks.validate import refuse_eval_tasks
 from rlvr.train.allocator import keep_freed_memory
+from rlvr.train.code_tools import code_tools
 from rlvr.train.batching import collate, select
 from rlvr.train.compiled import compiled_layers
 from rlvr.train.packing import packed_logprobs
@@ -372,8 +373,8 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
         step = state["step"]
     logger = MetricsLogger(run_dir, resume_step=step if resume else None)
     alerts = AlertLog(run_dir, resume_step=step if resume else None)
-    monitor = Monitor(cfg.monitor, run_dir, alerts, cfg.reward, seed=cfg.seed, history=read_metrics(run_dir),
-                      trajectories_every=cfg.save_trajectories_every)  # history: the metrics resumed from
+    monitor = Monitor(cfg.monitor, run_dir, alerts, cfg.reward, code_tools(), seed=cfg.seed,
+                      history=read_metrics(run_dir), trajectories_every=cfg.save_trajectories_every)
     return Run(cfg, run_dir, model, tokenizer, ref_model, optimizer, scheduler, pool, generator, logger, step,
                time.perf_counter(), sandbox, envs, eval_tasks=eval_tasks, alerts=alerts, monitor=monitor)
 
