@@ -139,6 +139,16 @@ def test_tracks_and_replay():
     assert not calc_tracks([("238",) * 4], "238", ["238"] * 4, eq)  # a gold that never moves
 
 
+def test_replay_on_the_real_table_gives_the_gold():
+    # the replay's substitution reads the generator's calls as they are written (a generator
+    # change that breaks it fails here, not as silently unsupported episodes)
+    for level in DOMAIN.levels:
+        for i in range(60):
+            p = DOMAIN.generate("train", level, i, 1).spec.payload
+            sql_results = [r for (name, _), r in zip(p["calls"], p["results"]) if name == "sql"]
+            assert replay(p["calls"], p["results"], sql_results, calculate) == p["answer"], p
+
+
 # ---------------------------------------------------------------- honest episodes pass
 
 
@@ -283,3 +293,30 @@ def test_found_score_needs_grounding(env):
     assert verdict(env, t, [*t.actions[:-1], answer(g + 1)]).score == FOUND_SCORE
     free = sql(f"SELECT {literal_free(g, 'price')} FROM items LIMIT 1")
     assert verdict(env, t, [free, answer(g + 1)]).score == 0.0
+
+
+def test_grounding_is_one_sandbox_job_and_only_when_needed(env):
+    class Counting:
+        def __init__(self, box):
+            self.box, self.jobs = box, 0
+
+        def run(self, job):
+            self.jobs += 1
+            return self.box.run(job)
+
+    counting = Counting(env.sandbox)
+    e = ToolUseEnv(sandbox=counting)
+    t = find(4, lambda t: t.spec.payload["relies_on"] == "calculator")
+    g = int(t.spec.payload["answer"])
+    for last, jobs, ok in ((answer(g), 1, True), (answer(g + 1), 1, False)):  # FOUND reuses it
+        counting.jobs = 0
+        e.reset(t)
+        for action in t.actions[:-1]:
+            e.step(action)
+        calls = counting.jobs
+        e.step(last)
+        v = e.verify()
+        assert (v.passed, counting.jobs - calls) == (ok, jobs), v
+    counting.jobs = 0
+    _, v = play(e, t, [sql("SELECT name FROM items"), answer(g)])  # nothing shows the gold
+    assert v.reason == "unsupported" and counting.jobs == 1  # the one sql call, no grounding job

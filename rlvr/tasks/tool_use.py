@@ -13,7 +13,9 @@ answer is computed here in Python (never by running anything). The spec payload:
     {"rows": [[name, kind, price, qty], ...],   # empty for calculator levels
      "answer": "238",
      "relies_on": "calculator" | "sql",         # the tool whose result the expert answer rests on
-     "calls": [[tool, {arguments}], ...],       # the scripted expert's calls, in order
+     "calls": [[tool, {arguments}], ...],       # the scripted expert's calls, in order; also
+                                                # replayed on perturbed copies of the table to
+                                                # ground answers (rlvr.envs.tool_grounding)
      "results": ["34", "238"]}                  # what those calls return
 
 ``Task.actions`` are the expert's assistant turns (each one call, then ``Answer: \boxed{N}``)
