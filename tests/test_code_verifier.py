@@ -17,6 +17,7 @@ from rlvr.verifiers.code import (
     extract_code,
     use_sandbox,
 )
+from rlvr.verifiers.partial import chance_corrected, tests_baseline, trivial_baseline
 
 STRICT = choose("auto").strict
 needs_sandbox = pytest.mark.skipif(not STRICT, reason="no strict sandbox backend here")
@@ -197,8 +198,6 @@ def test_malformed_specs_raise_user_errors():
 
 
 def test_chance_corrected_rule():
-    from rlvr.verifiers.partial import chance_corrected, tests_baseline, trivial_baseline
-
     assert trivial_baseline([(1,), (2,), (3,), (4,)], [0, 0, 0, 9], plaindata.same) == 3
     assert trivial_baseline([(1, 5), (2, 6), (3, 0)], [5, 6, 1], plaindata.same) == 2  # 2nd argument
     assert trivial_baseline([(1,), (2,)], [0.1, 0.1 + 1e-12], plaindata.same) == 2  # the tolerance

@@ -19,13 +19,13 @@ An assistant turn without a tool call is the final answer and ends the episode. 
 
     ok           the answer (strict extraction, as the ``math`` verifier) equals the gold
                  and is *supported*: it appears as a number in a *grounded* tool result of this
-                 episode whose call's arguments do not already contain it. Grounded
-                 (``rlvr.envs.tool_grounding``): an ``sql`` result of a query that read
-                 ``items``, has no literal that is not in the question, and gives another
-                 result on each perturbed copy of the table; when it is the answer itself, the
-                 copies' results also show the gold of each copy (the expert's calls replayed
-                 there). A ``calculator`` result is grounded when every number of its
-                 expression is in the question or in an earlier grounded result.
+                 episode whose call's arguments do not already contain it. Grounded, in
+                 short (the rules: ``rlvr.envs.tool_grounding``): an ``sql`` result of a query
+                 that read ``items``, has no literal that is not in the question, and changes on
+                 perturbed copies of the table; a ``calculator`` result whose every operand is a
+                 number of the question or of an earlier grounded result. The result that shows
+                 the answer must also track it: replayed on the copies, it gives the gold of
+                 each copy (the expert's calls replayed there).
     unsupported  the right value, but no tool result supports it (e.g. answered from memory)
     mismatch     a wrong answer (or not in final form)
     no_answer    no final answer, or several (``multiple_answers`` is folded into it)
