@@ -59,7 +59,7 @@ class VisibleHiddenGapConfig(DetectorConfig):
     max_hidden_score: float = 0.5
     """A program that fails the hidden tests with this score or less is re-run on the examples
     shown in its prompt (in the sandbox); passing all of them flags it."""
-    max_runs: int = 32
+    max_runs: int = 16
     """Sandbox runs per step at most (the lowest-scoring suspects first)."""
 
     def __post_init__(self) -> None:
