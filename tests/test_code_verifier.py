@@ -17,7 +17,7 @@ from rlvr.verifiers.code import (
     extract_code,
     use_sandbox,
 )
-from rlvr.verifiers.partial import chance_corrected, tests_baseline, trivial_baseline
+from rlvr.verifiers.partial import chance_corrected, asserted_baseline, trivial_baseline
 
 STRICT = choose("auto").strict
 needs_sandbox = pytest.mark.skipif(not STRICT, reason="no strict sandbox backend here")
@@ -207,9 +207,9 @@ def test_chance_corrected_rule():
     assert chance_corrected(2, 2, 2) == 1.0 and chance_corrected(1, 2, 2) == 0.0
     test = ("def test_a():\n    assert f(1) == 0\n\n\ndef test_b():\n    assert 0 == f(2)\n\n\n"
             "def test_c():\n    assert f(3) == 3\n\n\ndef test_d():\n    assert abs(f(4) - 1) < 1\n")
-    assert tests_baseline(test, "f") == 2  # return 0; test_d's shape is not read
-    assert tests_baseline("def check(candidate):\n    assert candidate(1) == 0\n", "f") == 0
-    assert tests_baseline("def test_x(:\n", "f") == 0
+    assert asserted_baseline(test, "f") == 2  # return 0; test_d's shape is not read
+    assert asserted_baseline("def check(candidate):\n    assert candidate(1) == 0\n", "f") == 0
+    assert asserted_baseline("def test_x(:\n", "f") == 0
 
 
 # ---------------------------------------------------------------- in the sandbox

@@ -59,7 +59,7 @@ from rlvr.errors import UserError
 from rlvr.sandbox import plaindata
 from rlvr.types import Task, Verdict
 from rlvr.verifiers.base import VERIFIERS
-from rlvr.verifiers.partial import chance_corrected, tests_baseline, trivial_baseline
+from rlvr.verifiers.partial import chance_corrected, asserted_baseline, trivial_baseline
 
 if TYPE_CHECKING:  # the sandbox is imported lazily: importing rlvr.verifiers stays cheap
     from rlvr.sandbox.pool import Sandbox
@@ -290,7 +290,7 @@ def _prepare_program(program: str, spec: dict[str, Any], details: dict[str, Any]
         _check_test_source(spec["test"], task_id)
         tests = tests_with_prompt(spec["test"], spec.get("prompt_code") or "", entry_point)
         job = Job.with_tests(program, tests, entry_point, limits=limits, task_id=task_id)
-        return _Pending(job, _finish_tests(details, tests_baseline(spec["test"], entry_point)))
+        return _Pending(job, _finish_tests(details, asserted_baseline(spec["test"], entry_point)))
     inputs, expected = _decode_io(spec, task_id)
     job = Job.io(program, entry_point, inputs, limits=limits, task_id=task_id)
     return _Pending(job, io_verdict(expected, details, inputs))

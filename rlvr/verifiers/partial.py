@@ -119,7 +119,7 @@ def _passes(value: Any, want: Any) -> bool:
         return False
 
 
-def tests_baseline(test_source: str, entry_point: str) -> int:
+def asserted_baseline(test_source: str, entry_point: str) -> int:
     """The most ``test_*`` functions of ``test_source`` one trivial program passes, counting the
     tests whose expectation can be read (module docstring); 0 when the source does not parse."""
     try:
