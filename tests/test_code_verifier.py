@@ -17,7 +17,7 @@ from rlvr.verifiers.code import (
     extract_code,
     use_sandbox,
 )
-from rlvr.verifiers.partial import chance_corrected, asserted_baseline, trivial_baseline
+from rlvr.verifiers.partial import asserted_baseline, chance_corrected, trivial_baseline
 
 STRICT = choose("auto").strict
 needs_sandbox = pytest.mark.skipif(not STRICT, reason="no strict sandbox backend here")

@@ -59,7 +59,7 @@ from rlvr.errors import UserError
 from rlvr.sandbox import plaindata
 from rlvr.types import Task, Verdict
 from rlvr.verifiers.base import VERIFIERS
-from rlvr.verifiers.partial import chance_corrected, asserted_baseline, trivial_baseline
+from rlvr.verifiers.partial import asserted_baseline, chance_corrected, trivial_baseline
 
 if TYPE_CHECKING:  # the sandbox is imported lazily: importing rlvr.verifiers stays cheap
     from rlvr.sandbox.pool import Sandbox
