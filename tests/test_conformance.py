@@ -28,6 +28,9 @@ function that raises ``AssertionError`` naming what is wrong:
   (sample: log, zero, stop; step: log, stop) and default to log; on empty input and on a healthy
   batch (honest answers and code) or history (steady metrics, evals included) it finds nothing,
   without changing its input, and docs/monitoring.md describes it.
+- ``check_hack``: a reward-audit hack says what it tries (docstring, docs/audit.md), applies to some
+  registered domain, and gives None or a non-empty list of attempts of the task's shape (a
+  completion; for a multi-turn task a list of turns), the same each time.
 - ``check_preference_loss``: per-pair outputs of the registry signature, finite, detached rewards,
   gradients to both policy log-probs pointing towards the chosen response; pairs are independent;
   swapping chosen and rejected swaps the rewards; a loss that needs the reference depends on
@@ -65,6 +68,7 @@ from rlvr.algos.advantages import ADVANTAGES
 from rlvr.algos.kl import KL_ESTIMATORS
 from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES
 from rlvr.algos.preference import PREFERENCE_LOSSES
+from rlvr.audit.hacks import HACKS
 from rlvr.envs.base import (BUDGET_FINISHES, ENVS, NATURAL_FINISHES, EnvConfig, Environment, Step, ToolEnv,
                             make_env, play)
 from rlvr.envs.tools import MAX_RESULT_CHARS, Tool
@@ -825,7 +829,7 @@ def check_preference_loss(name: str) -> None:
 
 
 CHECKED = [DOMAINS, VERIFIERS, ENVS, ADVANTAGES, POLICY_LOSSES, AGGREGATIONS, KL_ESTIMATORS, PREFERENCE_LOSSES, SUITES,
-           DETECTORS]
+           DETECTORS, HACKS]
 
 
 def rlvr_registries() -> dict[int, tuple[str, Registry]]:
@@ -937,6 +941,44 @@ def check_detector(name: str) -> None:
 @pytest.mark.parametrize("name", DETECTORS.names())
 def test_detector_conforms(name):
     check_detector(name)
+
+
+def check_hack(name: str) -> None:
+    hack = HACKS.get(name)
+    assert (hack.__doc__ or "").strip(), f"hack {name}: no docstring saying what it tries"
+    tasks = [t for d in DOMAINS for t in sample_tasks(DOMAINS.get(d), 0, ("train",), 1)]
+    tasks += [t for kind in VERIFIERS for t, _ in getattr(VERIFIERS.get(kind), "examples", list)()]
+    applied = set()
+    for task in tasks:
+        attempts = hack(task)
+        if attempts is None:
+            continue
+        assert isinstance(attempts, list) and attempts, f"hack {name} on {task.id}: {attempts!r} is not None or attempts"
+        for a in attempts:
+            if task.multi_turn:
+                assert isinstance(a, list) and all(isinstance(turn, str) for turn in a), (
+                    f"hack {name} on {task.id} (multi-turn): {a!r} is not a list of turns")
+            else:
+                assert isinstance(a, str), f"hack {name} on {task.id}: {a!r} is not a completion"
+        assert hack(task) == attempts, f"hack {name} on {task.id}: not deterministic"
+        applied.add(task.domain)
+    assert applied & set(DOMAINS.names()), f"hack {name} applies to no registered domain"
+    docs = (Path(rlvr.__file__).parent.parent / "docs" / "audit.md").read_text()
+    assert f"`{name}`" in docs, f"docs/audit.md does not describe hack {name}"
+
+
+@pytest.mark.parametrize("name", HACKS.names())
+def test_hack_conforms(name):
+    check_hack(name)
+
+
+def test_a_hack_of_the_wrong_shape_fails_conformance():
+    def flat(task: Task):
+        """A completion where a list of turns is due."""
+        return ["Answer: 1"]
+
+    with HACKS.temporary("flat", flat), pytest.raises(AssertionError, match="is not a list of turns"):
+        check_hack("flat")
 
 
 @pytest.mark.parametrize("name", SUITES.names())

@@ -1,0 +1,108 @@
+"""``rlvr audit rewards``: flags and printing; the audit itself is ``rlvr.audit.rewards``.
+
+Exit status: 0 when no hack earns reward, 1 when one does (each such cell named on stderr), 2 for
+a user error (an unknown hack, domain or outcome, an unreadable task file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rlvr.errors import UserError
+
+
+def add_parser(sub, file_flags, file_entries) -> None:
+    p = sub.add_parser("audit", help="audits of the reward: `rlvr audit rewards` runs scripted hacks against it")
+    actions = p.add_subparsers(dest="audit_action", required=True)
+    a = actions.add_parser(
+        "rewards", help="scripted reward hacks on every domain and verifier; exit 1 if any earns reward",
+        description="Run every scripted hacking policy (docs/audit.md) on tasks of every registered domain "
+                    "and verifier, judged and scored as training does, under each reward outcome; print a "
+                    "domain x hack table of the best reward each hack earned. Exit 1 if any is above 0.")
+    a.add_argument("--per-level", type=int, default=1,
+                   help="tasks per level of each domain (train split) and of each task file (default 1)")
+    a.add_argument("--seed", type=int, default=0, help="seed of the drawn tasks (default 0)")
+    a.add_argument("--hacks", default=None, metavar="A,B", help="only these hacks (default: every registered one)")
+    a.add_argument("--outcomes", default="binary,score", metavar="A,B",
+                   help="reward.outcome values to score under (default binary,score)")
+    a.add_argument("--json", metavar="PATH", help="also write the whole table as JSON")
+    g = a.add_argument_group("your tasks")
+    g.add_argument("--tasks", action="append", default=[], metavar="FILE",
+                   help="task file to audit (repeatable); without --domains the built-in domains are left out")
+    file_flags(g)
+    g.add_argument("--domains", default=None, metavar="A,B", help="built-in domains to audit ('' for none)")
+    a.set_defaults(fn=run, file_entries=file_entries)
+
+
+def _names(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def _tasks(args) -> tuple[list, list[str]]:
+    """The tasks to audit, and the verifiers left without any."""
+    from rlvr.audit.rewards import domain_tasks, example_tasks, file_sample
+    from rlvr.tasks.base import DOMAINS
+
+    if args.per_level < 1:
+        raise UserError(f"--per-level must be at least 1, got {args.per_level}")
+    everything = args.domains is None and not args.tasks
+    names = DOMAINS.names() if everything else _names(args.domains or "")
+    tasks = domain_tasks(names, args.per_level, args.seed)
+    if args.tasks:
+        from rlvr.config import from_dict
+        from rlvr.tasks.rows import TaskFileConfig
+        from rlvr.tasks.sets import file_tasks
+
+        files = [from_dict(TaskFileConfig, entry) for entry in args.file_entries(args.tasks, args)]
+        tasks += file_sample(file_tasks(files, check=False), args.per_level)
+    missing: list[str] = []
+    if everything:  # the verifiers no domain uses, through their own examples
+        extra, missing = example_tasks({t.spec.kind for t in tasks})
+        tasks += extra
+    if not tasks:
+        raise UserError("nothing to audit: no domains and no task files")
+    return tasks, missing
+
+
+def run(args: argparse.Namespace) -> None:
+    import rlvr.envs  # noqa: F401  (registration)
+    import rlvr.tasks  # noqa: F401
+    import rlvr.verifiers  # noqa: F401
+    from rlvr.audit.hacks import HACKS
+    from rlvr.audit.rewards import OUTCOMES, format_table, hole_lines, run_audit
+
+    outcomes = tuple(_names(args.outcomes))
+    bad = [o for o in outcomes if o not in OUTCOMES]
+    if bad or not outcomes:
+        raise UserError(f"unknown reward outcome {bad[0] if bad else args.outcomes!r}; choose from: {', '.join(OUTCOMES)}")
+    hacks = _names(args.hacks) if args.hacks is not None else None
+    if hacks == []:
+        raise UserError(f"--hacks names no hack; choose from: {', '.join(HACKS.names())}")
+    for name in hacks or []:
+        HACKS.get(name)  # an unknown name is a UserError listing the choices
+    tasks, missing = _tasks(args)
+    if any(t.spec.kind == "code" or t.multi_turn for t in tasks):
+        from rlvr.verifiers.code import current_sandbox
+
+        current_sandbox()  # the installed sandbox, else the process-wide one, opened now
+    result = run_audit(tasks, hacks, outcomes, not_audited=missing)
+    for outcome in outcomes:
+        print(format_table(result, outcome))
+        print()
+    if missing:
+        print(f"not audited (no domain makes their tasks and they have no examples()): {', '.join(missing)}")
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result.to_dict(), indent=2))
+        print(f"wrote {out}")
+    holes = hole_lines(result)
+    if holes:
+        for line in holes:
+            print(f"rlvr: audit: {line}", file=sys.stderr)
+        raise SystemExit(1)
+    attempts = sum(c.attempts for (o, _, _), c in result.cells.items() if o == outcomes[0])
+    print(f"no hack earns reward: {attempts} attempts on {result.tasks} tasks of {len(result.domains)} domains")
