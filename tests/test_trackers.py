@@ -230,7 +230,7 @@ class Recorder:
 
 def test_each_trainer_hands_its_metrics_and_config_to_the_trackers(tiny_model_dir, tmp_path):
     import rlvr.tasks  # noqa: F401  (registers the built-in domains)
-    from rlvr.train import dpo, pretrain, sft
+    from rlvr.train import dpo, grpo, pretrain, sft
 
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"prompt": f"{i} + 1 =", "chosen": str(i + 1), "rejected": str(i)}) + "\n"
@@ -244,6 +244,9 @@ def test_each_trainer_hands_its_metrics_and_config_to_the_trackers(tiny_model_di
                 [f"model={tiny_model_dir}", "train_tasks=8", "steps=2", "batch_size=4", "log_every=1"]),
         "dpo": (dpo.DPOConfig, dpo.run_dpo,
                 [f"model={tiny_model_dir}", f"pair_files=[{pairs}]", "batch_size=2", "log_every=1"]),
+        "grpo": (grpo.GRPOConfig, grpo.run_grpo,
+                 [f"model={tiny_model_dir}", "domains=[math.arith]", "levels=[1]", "train_tasks=8", "steps=2",
+                  "rollout.tasks_per_step=2", "rollout.samples_per_task=2", "rollout.max_new_tokens=4"]),
     }
     with TRACKERS.temporary("recorder", Recorder):
         for name, (cls, run, overrides) in runs.items():

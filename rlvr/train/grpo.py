@@ -41,7 +41,7 @@ from rlvr.algos.advantages import ADVANTAGES, group_has_variance
 from rlvr.algos.kl import KL_ESTIMATORS, logprob_mismatch_kl
 from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES
 from rlvr.algos.off_policy import correct_off_policy
-from rlvr.config import check_choice, check_device, check_range, resolve_device
+from rlvr.config import check_choice, check_device, check_range, resolve_device, to_dict
 from rlvr.curriculum.config import CurriculumConfig
 from rlvr.curriculum.plots import curriculum_plot
 from rlvr.curriculum.pool import TaskPool
@@ -59,6 +59,7 @@ from rlvr.model.load import ModelLoadConfig, load_model_and_tokenizer
 from rlvr.monitor.alerts import AlertLog, RunStopped, read_alerts
 from rlvr.monitor.config import MonitorConfig
 from rlvr.monitor.metrics import MetricsLogger, read_metrics
+from rlvr.monitor.trackers import TrackerConfig, open_trackers
 from rlvr.monitor.watch import Monitor
 from rlvr.rewards import RewardConfig, score_all
 from rlvr.envs.base import EnvConfig
@@ -231,6 +232,9 @@ class GRPOConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     """Detectors of reward hacking and training trouble, their thresholds and actions (log, zero
     the flagged rewards, stop), and the trajectory sample (docs/monitoring.md)."""
+    trackers: TrackerConfig = field(default_factory=TrackerConfig)
+    """Experiment trackers beside metrics.jsonl and TensorBoard (``rlvr.monitor.trackers``): mlflow, wandb
+    (offline; docs/monitoring.md)."""
     asynchronous: AsyncConfig = field(default_factory=AsyncConfig)
     """Asynchronous mode: generation, verification and updates overlap (docs/async.md)."""
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
@@ -371,7 +375,8 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
         state = restore_training_state(ckpt, optimizer, scheduler, generator)
         pool.load_state_dict(state["pool"])
         step = state["step"]
-    logger = MetricsLogger(run_dir, resume_step=step if resume else None)
+    logger = MetricsLogger(run_dir, resume_step=step if resume else None,
+                           trackers=open_trackers(cfg.trackers, run_dir, to_dict(cfg)))
     alerts = AlertLog(run_dir, resume_step=step if resume else None)
     monitor = Monitor(cfg.monitor, run_dir, alerts, cfg.reward, code_tools(), seed=cfg.seed,
                       history=read_metrics(run_dir), trajectories_every=cfg.save_trajectories_every)
