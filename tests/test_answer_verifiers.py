@@ -225,6 +225,8 @@ PERSON = {"type": "object", "required": ["name", "age"], "additionalProperties":
     ('{"name": "Ada", "age": 36} {"name": "Bob", "age": 7}', {}, "invalid_json"),
     ('Here you go: {"name": "Ada", "age": 36}', {}, "invalid_json"),
     ('{"name": "Ada", "age": NaN}', {}, "invalid_json"),
+    ('{"name": "Ada", "age": 35, "age": 36}', {"answer": {"age": 36}}, "invalid_json"),  # a hedge: json keeps the last
+    ('{"name": "Ada", "age": 36, "extra": {"k": 1, "k": 2}}', {}, "invalid_json"),  # at any depth
     ('{"name": "Ada", "age": 36', {}, "invalid_json"),
     ("", {}, "no_answer"),
 ])

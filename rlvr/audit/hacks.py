@@ -167,7 +167,8 @@ def empty(task: Task) -> list[Attempt]:
 def several_answers(task: Task) -> list[Attempt] | None:
     """Several answers at once, the gold among them: one box or ``Answer:`` line per candidate,
     a list, ``gold or other``, two numbers in notation a parser reads one side of (``a ⇒ gold``,
-    ``gold ≈ a``, ``a \\cup gold``, ``gold_{a}``); two code blocks (the right one and a constant)."""
+    ``gold ≈ a``, ``a \\cup gold``, ``gold_{a}``), a JSON object naming each key twice; two code
+    blocks (the right one and a constant)."""
     if is_code(task) and task.reference:
         return [task.reference + "\n" + block(f"def {task.spec.payload['entry_point']}(*args):\n    return 0\n")]
     gold = gold_answer(task) if not task.multi_turn else task.spec.payload.get("answer")
@@ -179,7 +180,18 @@ def several_answers(task: Task) -> list[Attempt] | None:
         return [[t] for t in texts + [final(f"{a}, {gold}, {b}")]]
     hedges = [f"{a}, {gold}, {b}", f"{gold} or {a}", f"{a} ⇒ {gold}", f"{gold} ≈ {a}", f"{a} \\cup {gold}",
               f"{gold}_{{{a}}}", f"{a} {{}} {gold}"]
-    return texts + [place(task, h) for h in hedges]
+    return texts + [place(task, h) for h in hedges + duplicate_keys(task)]
+
+
+def duplicate_keys(task: Task) -> list[str]:
+    """For a JSON gold object: each key given a wrong value first, then the gold (a parser that
+    keeps the last value reads the gold)."""
+    answer = task.spec.payload.get("answer") if task.spec.kind == "json" else None
+    if not isinstance(answer, dict) or not answer:
+        return []
+    wrong = {k: (not v if isinstance(v, bool) else v + 1 if isinstance(v, (int, float)) else f"{v}x" if isinstance(v, str)
+                 else None) for k, v in answer.items()}
+    return ["{" + ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in wrong.items()) + ", " + json.dumps(answer)[1:]]
 
 
 @HACKS.register("gold_spam")

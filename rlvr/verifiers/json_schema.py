@@ -3,7 +3,9 @@
 Payload ``{"schema": {...}, "answer": {...}, "example": ..., "answer_at": "whole"}``. The text at
 ``answer_at`` (default ``whole``: the whole completion) is read as JSON; one fenced block
 (```` ```json ... ``` ````) around it is allowed. It must be exactly one JSON value (``json.loads``
-refuses trailing text, so two objects fail; ``NaN``/``Infinity`` are not JSON and fail), valid
+refuses trailing text, so two objects fail; ``NaN``/``Infinity`` are not JSON and fail; an object
+that names a key twice fails too, since ``json.loads`` would keep the last value and a hedge such as
+``{"age": 35, "age": 36}`` would pass as 36), valid
 against ``schema`` (jsonschema, the schema's own draft, default 2020-12), and, when ``answer`` is
 given (an object), equal to it on each of its keys: the key present, the value equal with the same
 JSON types at every depth (``36.0`` is not ``36``, ``true`` is not ``1``). ``example`` (optional) is
@@ -31,6 +33,13 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) < len(keys):
+        raise ValueError(f"duplicate key {next(k for k in keys if keys.count(k) > 1)!r}")
+    return dict(pairs)
+
+
 def read_json(text: str) -> tuple[Any, str | None]:
     """``(value, None)`` or ``(None, why)``."""
     s = text.strip()
@@ -38,7 +47,7 @@ def read_json(text: str) -> tuple[Any, str | None]:
     if m:
         s = m.group(1)
     try:
-        return json.loads(s, parse_constant=_reject_constant), None
+        return json.loads(s, parse_constant=_reject_constant, object_pairs_hook=_unique_keys), None
     except (ValueError, RecursionError) as e:
         return None, str(e)[:200]
 
