@@ -2,8 +2,10 @@
 
 MBPP rows carry ``test_list`` (``assert remove_Occ("hello","l") == "heo"``), an optional
 ``test_setup_code`` and a reference ``code``. ``tests_from_asserts`` turns them into trusted test
-source for the ``tests`` form of the code verifier: one ``test_*`` function per assert (so the
-score is the fraction of asserts passed), run in the harness's tests process, where the
+source for the ``tests`` form of the code verifier: one ``test_*`` function per assert (so a
+failure's partial score counts asserts: those passed beyond what the best constant or
+argument-returning program passes, ``rlvr.verifiers.partial``, which reads each
+``assert f(<literals>) == <literal>`` back), run in the harness's tests process, where the
 ``entry_point`` name is bound to the stub that calls the candidate in its own process. The
 candidate's process never sees the asserts.
 
