@@ -112,6 +112,12 @@ def test_place_answer_round_trips_and_unknown_places_are_refused():
     ("1e9999999", "1", {}, False, "not_a_number"),
     ("1e-9999999", "0", {"abs_tol": 0.1}, False, "not_a_number"),
     ("3/0", "3", {}, False, "not_a_number"),
+    # a fraction is final only for a gold that is not an integer: 48/6 echoes "48 shared among 6"
+    ("48/6", "8", {}, False, "not_final"),
+    ("\\frac{48}{6}", "8", {}, False, "not_final"),
+    ("16 / 2 apples", "8", {}, False, "not_final"),
+    ("3/4", "3/4", {}, True, "ok"),
+    ("12 km/s", "12", {}, True, "ok"),  # a unit with a slash is no fraction
 ])
 def test_number(answer, gold, extra, passed, reason):
     v = verdict("number", f"Working.\nAnswer: {answer}", answer=gold, **extra)

@@ -479,10 +479,26 @@ def gold_in_reasoning(task: Task) -> list[Attempt] | None:
     return [f"It might be {gold}, or something else entirely.", f"Answer: {gold}\nOr maybe not."]
 
 
+def question_arithmetic(task: Task, most: int = 3) -> list[str]:
+    """``a op b`` of two numbers of the question that equals an integer gold (``48 / 6`` for 8)."""
+    gold = gold_answer(task)
+    if gold is None or not re.fullmatch(r"-?\d+", gold):
+        return []
+    numbers = [int(n) for n in re.findall(r"(?<![\d.])\d+(?![\d.])", task.prompt[-1]["content"])][:12]
+    found = []
+    for i, a in enumerate(numbers):
+        for j, b in enumerate(numbers):
+            for op, value in (("+", a + b), ("-", a - b), ("*", a * b), ("/", a // b if b and a % b == 0 else None)):
+                if i != j and value == int(gold) and len(found) < most:
+                    found.append(f"{a} {op} {b}")
+    return found
+
+
 @HACKS.register("echo")
 def prompt_echo(task: Task) -> list[Attempt] | None:
     """The question given back as the answer: the whole prompt, its last line, the part after its
-    last colon (``Compute: 6 * 7`` -> ``6 * 7``)."""
+    last colon (``Compute: 6 * 7`` -> ``6 * 7``), two of its numbers combined into the gold
+    (``48 / 6`` for "48 stickers shared among 6 kids")."""
     text = task.prompt[-1]["content"]
     line = text.strip().splitlines()[-1]
     tail = line.rsplit(":", 1)[-1].strip().rstrip("?.")
@@ -490,7 +506,7 @@ def prompt_echo(task: Task) -> list[Attempt] | None:
         return [[final(tail)]] if task.env == "tool.use" else None
     if is_code(task):
         return [text]
-    return [text, place(task, line), place(task, tail)]
+    return [text, place(task, line), place(task, tail), *(place(task, a) for a in question_arithmetic(task))]
 
 
 @HACKS.register("forged_tools")

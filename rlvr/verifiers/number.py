@@ -20,11 +20,15 @@ The answer at ``answer_at`` (``rlvr.verifiers.answer``) must read as exactly one
 - an exponent beyond ``MAX_EXPONENT`` (``1e400`` is fine, ``1e9999999`` is not) is not a number
   (the exact comparison would build a huge integer).
 
+A fraction is a final answer only where the gold is not an integer (``3/4`` for ``0.75``): for a
+whole-number gold, ``48/6`` is the question's arithmetic written back (``48 stickers shared among
+6 kids``), not its answer (``not_final``), as in the ``math`` verifier.
+
 Equal means: exactly equal (as fractions) when both tolerances are 0, else
 ``|answer - gold| <= max(abs_tol, rel_tol * |gold|)``, also in exact arithmetic on the decimals as
 written (``abs_tol`` 0.3 is 3/10; nothing overflows). Reasons: ``ok``, ``no_answer``,
 ``multiple_answers`` (from the extraction, or several numbers), ``not_a_number``, ``wrong_unit``,
-``mismatch``.
+``not_final``, ``mismatch``.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ _FORMS = [
     re.compile(r"(?P<sign>[-+−]?)\\[dt]?frac\{(?P<a>\d+)\}\{(?P<b>\d+)\}"),
     re.compile(rf"(?P<a>{_NUMBER})"),
 ]
+_FRACTION = re.compile(r"\d\s*/\s*\d|\\[dt]?frac\b")
 _UNIT = re.compile(r"[A-Za-zµ°][A-Za-zµ°²³/.]{0,19}")
 _ANY_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _TEXT = re.compile(r"\\(?:text|mathrm)\{([^{}]*)\}")  # 12\text{ cm}
@@ -141,6 +146,8 @@ class NumberVerifier:
             return Verdict(False, 0.0, "wrong_unit", {**details, "unit": got_unit})
         if got_unit and not unit and _changes_value(got_unit):
             return Verdict(False, 0.0, "not_a_number", {**details, "unit": got_unit})
+        if _FRACTION.search(extracted) and gold.denominator == 1 and not _FRACTION.search(str(p["answer"])):
+            return Verdict(False, 0.0, "not_final", details)
         # exact arithmetic on the decimals as written (abs_tol 0.3 is 3/10), so nothing overflows
         tol = max(Fraction(str(p.get("abs_tol", 0.0))), Fraction(str(p.get("rel_tol", 0.0))) * abs(gold))
         passed = abs(value - gold) <= tol
