@@ -318,6 +318,10 @@ def test_relations_and_separators_pass_the_verifier():
     ("2\\pi", "2\\pi", True),
     ("\\sqrt{2}", "\\sqrt{2}", True),
     ("\\text{odd}", "\\text{odd}", True),  # a gold made of words is compared as it is
+    ("84 (or 85)", "85", False),  # a hedge: math-verify reads the 85
+    ("85 \\text{ (not 84)}", "85", False),
+    ("84\\text{ or }", "84", False),
+    ("12 or", "12", False),
 ])
 def test_prose_around_a_number_is_not_an_answer(pred, gold, equal):
     assert answers_equal(pred, gold) is equal

@@ -32,7 +32,8 @@ parsed as LaTeX and as plain expressions) after a little normalisation. Decision
     reads one side of anything it does not know, so ``41 ⇒ 42``, ``41 \iff 42``, ``42 ≈ 41``,
     ``41 \cup 42``, ``41 \oplus 42``, ``41|42``, ``42_{41}`` or ``\max(41, 42)`` would be 42 or 41.
   * prose is not an answer: ``The answer is 1`` or ``about 12`` never match ``1``/``12`` (math-verify
-    would read the number out of the sentence); a unit after the number (``12 cm``) is allowed.
+    would read the number out of the sentence), nor do ``12\text{ or }`` and ``84 (or 85)`` (a
+    hedge, read as 85); a unit after the number (``12 cm``) is allowed.
   * a currency sign is dropped (``$5`` == ``5``), LaTeX spacing (``\,`` ``~``) is a space.
 
 The verifier adds one rule on top: the answer must be in final form, i.e. use no arithmetic
@@ -252,12 +253,19 @@ _MATH_WORDS = frozenset("sin cos tan cot sec csc arcsin arccos arctan sinh cosh 
                         "infty oo mod max min gcd lcm det dfrac tfrac frac left right cdot times text mathrm".split())
 
 
+_HEDGE_WORDS = frozenset("or nor and not but maybe perhaps possibly either approximately about roughly".split())
+_NUMBER_AFTER = re.compile(r"(?<![\^_{\d.])\d")  # a number, not an exponent or subscript
+
+
 def _is_prose(s: str) -> bool:
-    """An answer that talks: two or more words that are not math (``the answer is 1``), or a word
-    before the first number (``about 12``). A unit after the number (``12 cm``) is not prose."""
+    """An answer that talks: two or more words that are not math (``the answer is 1``), a word
+    before the first number (``about 12``), a hedging word (``12 or``) or a number after the word
+    (``84 (or 85)``, ``85 \\text{ (not 84)}``). A unit after the number (``12 cm``) is not prose."""
     words = [m for m in _WORD.finditer(s) if m.group(0).lower() not in _MATH_WORDS]
     first_digit = next((i for i, ch in enumerate(s) if ch.isdigit()), len(s))
-    return len(words) >= 2 or any(m.start() < first_digit for m in words)
+    if len(words) >= 2 or any(m.start() < first_digit or m.group(0).lower() in _HEDGE_WORDS for m in words):
+        return True
+    return bool(words) and _NUMBER_AFTER.search(s, words[0].end()) is not None
 
 
 def _notation(s: str) -> set[str]:
