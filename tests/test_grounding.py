@@ -175,6 +175,9 @@ def test_honest_other_routes_pass(env):
     kind = t.spec.payload["calls"][0][1]["query"].split("'")[1]
     assert verdict(env, t, [sql(f"SELECT price FROM items WHERE kind = '{kind}' ORDER BY price DESC "
                                 "LIMIT 1"), answer(t.spec.payload["answer"])]).passed
+    # a minimum read off a listing of every row: the cell moves with the gold on every copy
+    t = find(3, lambda t: form(t, "MIN(price)"))
+    assert verdict(env, t, [sql("SELECT * FROM items"), answer(t.spec.payload["answer"])]).passed
     # a sum of products: the rows from sql, the sum by the calculator
     t = find(4, lambda t: form(t, "SUM(price * qty)"))
     kind = t.spec.payload["calls"][0][1]["query"].split("'")[1]
