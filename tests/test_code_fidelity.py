@@ -317,14 +317,16 @@ def mbpp_task(row: dict) -> Task:
 
 
 MBPP_BROKEN = {
-    # (task, name) -> (code, reason, score)
+    # (task, name) -> (code, reason, score); score is partial credit beyond what a trivial program
+    # gets (rlvr.verifiers.partial): these asserts' expected values are all distinct, so a constant
+    # passes one of them (b = 1) and k of n passed scores (k - 1) / (n - 1)
     (901, "first_only"): ("def remove_Occ(s, ch):\n    return s.replace(ch, '', 1)\n", "wrong_answer", 0.0),
-    (901, "all"): ("def remove_Occ(s, ch):\n    return s.replace(ch, '')\n", "wrong_answer", 3 / 4),
+    (901, "all"): ("def remove_Occ(s, ch):\n    return s.replace(ch, '')\n", "wrong_answer", 2 / 3),
     (901, "raises"): ("def remove_Occ(s, ch):\n    raise ValueError(ch)\n", "runtime_error", 0.0),
     (902, "union"): ("def similar_elements(a, b):\n    return tuple(set(a) | set(b))\n", "wrong_answer", 0.0),
     (903, "degrees"): ("def sector_area(r, a):\n    return 0.5 * r * r * a\n", "wrong_answer", 0.0),
     (904, "off_by_one"): (("def count_long(text, n):\n"
-                           "    return len([w for w in text.split() if len(w) >= n])\n"), "wrong_answer", 0.5),
+                           "    return len([w for w in text.split() if len(w) >= n])\n"), "wrong_answer", 1 / 3),
 }
 
 
