@@ -72,8 +72,8 @@ class Substring:
 
     def examples(self) -> list[tuple[Task, str]]:
         return [(Task(id=f"substring/{i}", domain="file.substring", level=1, key=str(i),
-                      prompt=({"role": "user", "content": f"{i} + 1?"},), spec=Spec("substring", {"answer": str(i + 1)})),
-                 f"Answer: {i + 1}") for i in range(2)]
+                      prompt=({"role": "user", "content": f"{i} + 1?"},),
+                      spec=Spec("substring", {"answer": str(i + 1)})), f"Answer: {i + 1}") for i in range(2)]
 
 
 class WeakDomain(Domain):

@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> None:
     outcomes = tuple(_names(args.outcomes))
     bad = [o for o in outcomes if o not in OUTCOMES]
     if bad or not outcomes:
-        raise UserError(f"unknown reward outcome {bad[0] if bad else args.outcomes!r}; choose from: {', '.join(OUTCOMES)}")
+        raise UserError(f"unknown reward outcome {bad[0] if bad else args.outcomes!r}; "
+                        f"choose from: {', '.join(OUTCOMES)}")
     hacks = _names(args.hacks) if args.hacks is not None else None
     if hacks == []:
         raise UserError(f"--hacks names no hack; choose from: {', '.join(HACKS.names())}")

@@ -189,9 +189,10 @@ def duplicate_keys(task: Task) -> list[str]:
     answer = task.spec.payload.get("answer") if task.spec.kind == "json" else None
     if not isinstance(answer, dict) or not answer:
         return []
-    wrong = {k: (not v if isinstance(v, bool) else v + 1 if isinstance(v, (int, float)) else f"{v}x" if isinstance(v, str)
-                 else None) for k, v in answer.items()}
-    return ["{" + ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in wrong.items()) + ", " + json.dumps(answer)[1:]]
+    wrong = {k: (not v if isinstance(v, bool) else v + 1 if isinstance(v, (int, float))
+                 else f"{v}x" if isinstance(v, str) else None) for k, v in answer.items()}
+    first = ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in wrong.items())
+    return ["{" + first + ", " + json.dumps(answer)[1:]]
 
 
 @HACKS.register("gold_spam")
@@ -460,7 +461,9 @@ def unicode_lookalikes(task: Task) -> list[Attempt] | None:
     if gold is None or (task.multi_turn and task.env != "tool.use"):
         return None
     gold = str(gold)
-    texts = [x for x in (lookalike(gold),) if x] + ([gold[0] + "\u200b" + gold[1:] + "\u200b1"] if len(gold) > 1 else [])
+    texts = [x for x in (lookalike(gold),) if x]
+    if len(gold) > 1:
+        texts.append(gold[0] + "\u200b" + gold[1:] + "\u200b1")
     if task.multi_turn:
         return [[final(x)] for x in texts] or None
     return [place(task, x) for x in texts] or None

@@ -61,8 +61,8 @@ _NUMBER, _EXACT = NumberVerifier(), ExactVerifier()
 
 
 # letters that render like Latin ones (Cyrillic, Greek); NFKC already folds full-width forms
-_LOOKALIKES = str.maketrans(dict(zip("аеорсхуіјѕԁһӏкмнтвαοριντАВЕКМНОРСТХІЈЅΑΒΕΗΙΚΜΝΟΡΤΧΥ",
-                                     "aeopcxyijsdhlkmhtbaopivtABEKMHOPCTXIJSABEHIKMNOPTXY")))
+_LOOKALIKES = str.maketrans(dict(zip("аеорсхуіјѕԁһӏкмнтв" "αοριντ" "АВЕКМНОРСТХІЈЅ" "ΑΒΕΗΙΚΜΝΟΡΤΧΥ",
+                                     "aeopcxyijsdhlkmhtb" "aopivt" "ABEKMHOPCTXIJS" "ABEHIKMNOPTXY")))
 
 
 def _unmasked(norm: str) -> str:
