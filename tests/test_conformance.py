@@ -76,6 +76,7 @@ from rlvr.eval.suites import SUITES, fingerprint, tasks_of
 from rlvr.monitor.alerts import SEVERITIES
 from rlvr.monitor.config import SAMPLE_ACTIONS, STEP_ACTIONS, MonitorConfig
 from rlvr.monitor.detectors import DETECTORS
+from rlvr.monitor.trackers import TRACKERS, TrackerConfig, open_trackers
 from rlvr.train.code_tools import code_tools
 from rlvr.registry import Registry
 from rlvr.sandbox import Sandbox, choose, plaindata
@@ -829,7 +830,7 @@ def check_preference_loss(name: str) -> None:
 
 
 CHECKED = [DOMAINS, VERIFIERS, ENVS, ADVANTAGES, POLICY_LOSSES, AGGREGATIONS, KL_ESTIMATORS, PREFERENCE_LOSSES, SUITES,
-           DETECTORS, HACKS]
+           DETECTORS, HACKS, TRACKERS]
 
 
 def rlvr_registries() -> dict[int, tuple[str, Registry]]:
@@ -979,6 +980,26 @@ def test_a_hack_of_the_wrong_shape_fails_conformance():
 
     with HACKS.temporary("flat", flat), pytest.raises(AssertionError, match="is not a list of turns"):
         check_hack("flat")
+
+
+def check_tracker(name: str, run_dir: Path) -> None:
+    """A tracker opens on a run directory from the config alone, takes rows of metrics.jsonl numbers
+    (NaN included), closes, and leaves its record in the run directory (nothing elsewhere)."""
+    (tracker,) = open_trackers(TrackerConfig(use=[name]), run_dir, {"seed": 0, "optim": {"lr": 1e-4}})
+    assert callable(tracker.log) and callable(tracker.close), f"tracker {name}: no log/close"
+    tracker.log(1, {"rollout/reward_mean": 0.5, "eval/pass@1": 0.25})
+    tracker.log(2, {"rollout/reward_mean": float("nan")})
+    tracker.close()
+    assert any(p.is_file() for p in run_dir.rglob("*")), f"tracker {name} wrote nothing under the run dir"
+    docs = (Path(rlvr.__file__).parent.parent / "docs" / "monitoring.md").read_text()
+    assert f"`{name}`" in docs, f"docs/monitoring.md does not describe tracker {name}"
+
+
+@pytest.mark.parametrize("name", TRACKERS.names())
+def test_tracker_conforms(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a tracker writing to the working directory would show below
+    check_tracker(name, tmp_path / "run")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"], f"tracker {name} wrote outside its run dir"
 
 
 @pytest.mark.parametrize("name", SUITES.names())
