@@ -160,3 +160,11 @@ def test_user_errors_exit_2_with_one_line(capsys, args, message):
     code, _, err = run_cli(capsys, *args)
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("rlvr: error: ") and message in err
+
+
+def test_user_code_task_files_hold(sandbox, capsys):
+    # HumanEval- and MBPP-style rows: the tests form of the code verifier, where test_edits redefines check
+    code, out, err = run_cli(capsys, "--tasks", "tests/fixtures/humaneval_helpers.jsonl", "--tasks",
+                             "tests/fixtures/mbpp_style.jsonl", "--per-level", "9", "--outcomes", "score")
+    assert code == 0, err
+    assert "test_edits" in out and "print_expected" in out and "no hack earns reward" in out
