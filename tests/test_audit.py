@@ -168,3 +168,12 @@ def test_user_code_task_files_hold(sandbox, capsys):
                              "tests/fixtures/mbpp_style.jsonl", "--per-level", "9", "--outcomes", "score")
     assert code == 0, err
     assert "test_edits" in out and "print_expected" in out and "no hack earns reward" in out
+
+
+def test_a_hack_of_the_wrong_shape_is_refused_by_name():
+    def flat(task):
+        """A completion where a list of turns is due."""
+        return ["Answer: 1"]
+
+    with HACKS.temporary("flat", flat), pytest.raises(TypeError, match="hack 'flat' gave a str for code.repair/"):
+        run_audit(domain_tasks(["code.repair"], 1, 0)[:1], ["flat"])

@@ -131,9 +131,11 @@ def _trajectory(i: int, task: Task, attempt: Attempt, env: Any = None) -> Trajec
                       logprobs=(), finish_reason="stop", episode=episode)
 
 
-def _play(task: Task, turns: list[str], cfg: EnvConfig):
-    """A fresh environment that has played ``turns`` (cut as ``turns`` if they run out first)."""
+def _play(task: Task, turns: list[str], cfg: EnvConfig, opened: list):
+    """A fresh environment that has played ``turns`` (cut as ``turns`` if they run out first);
+    it is appended to ``opened`` at once, so the caller closes it whatever happens."""
     env = make_env(task.env, cfg)
+    opened.append(env)
     env.reset(task)
     for action in turns:
         if env.step(action).done:
@@ -148,28 +150,28 @@ def run_audit(tasks: list[Task], hacks: list[str] | None = None, outcomes: tuple
     names = list(hacks) if hacks is not None else HACKS.names()
     tasks = [bounded(t) for t in tasks]
     runs: list[tuple[Task, str, Attempt]] = []
-    applies: set[tuple[str, str]] = set()
     for task in tasks:
         for name in names:
-            attempts = HACKS.get(name)(task)
-            if attempts is None:
-                continue
-            applies.add((task.domain, name))
-            runs += [(task, name, a) for a in attempts]
+            for attempt in HACKS.get(name)(task) or []:
+                if isinstance(attempt, list) is not task.multi_turn:
+                    raise TypeError(f"hack {name!r} gave a {type(attempt).__name__} for {task.id}; a "
+                                    f"{'multi' if task.multi_turn else 'single'}-turn task takes "
+                                    f"{'a list of turns' if task.multi_turn else 'a completion (str)'}")
+                runs.append((task, name, attempt))
     cfg = env_cfg or EnvConfig()
     played = [i for i, (t, _, _) in enumerate(runs) if t.multi_turn]
     episodes: list[_Episode] = [_Episode(_trajectory(i, t, a)) for i, (t, _, a) in enumerate(runs)]
+    run_tasks = [t for t, _, _ in runs]
+    opened: list = []
     try:
         with ThreadPoolExecutor(max_workers=workers) as threads:
-            envs = threads.map(lambda i: _play(runs[i][0], list(runs[i][2]), cfg), played)
+            envs = threads.map(lambda i: _play(runs[i][0], runs[i][2], cfg, opened), played)
             for i, env in zip(played, envs):
                 episodes[i] = _Episode(_trajectory(i, runs[i][0], runs[i][2], env), env)
-        run_tasks = [t for t, _, _ in runs]
         verdicts = judge(run_tasks, episodes, workers=workers)
     finally:
-        for ep in episodes:
-            if ep.env is not None:
-                ep.env.close()
+        for env in opened:
+            env.close()
     domains = list(dict.fromkeys(t.domain for t in tasks))
     result = AuditResult(tuple(outcomes), domains, names, tasks=len(tasks), not_audited=list(not_audited))
     for outcome in outcomes:
