@@ -98,11 +98,19 @@ def test_a_weak_verifier_makes_the_audit_fail_naming_the_cell(capsys, tmp_path):
     assert "weak.substring" in out and "several" in out  # the table is printed before the verdict
 
 
+class Unexampled:
+    name = "unexampled"
+
+    def check(self, task: Task, completion: str) -> Verdict:
+        return Verdict(True, 1.0, "ok", {})
+
+
 def test_a_weak_verifier_without_a_domain_is_audited_through_its_examples():
-    with VERIFIERS.temporary("substring", Substring()):
-        tasks, missing = example_tasks(covered=set(VERIFIERS.names()) - {"substring"})
+    with VERIFIERS.temporary("substring", Substring()), VERIFIERS.temporary("unexampled", Unexampled()):
+        tasks, missing = example_tasks(covered=set(VERIFIERS.names()) - {"substring", "unexampled"})
         result = run_audit(tasks, ["reasoning_only", "empty"])
-    assert [t.domain for t in tasks] == ["file.substring"] * 2 and missing == []
+    assert [t.domain for t in tasks] == ["file.substring"] * 2
+    assert missing == ["unexampled"]  # no domain and no examples(): reported as not audited
     assert [(o, d, h) for o, d, h, _ in result.holes()] == [(o, "file.substring", "reasoning_only") for o in OUTCOMES]
     assert "file.substring" in format_table(result, "binary")
 
