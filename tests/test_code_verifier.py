@@ -427,3 +427,27 @@ def test_tests_see_prompt_helpers_but_call_the_candidate(sandbox):
     assert verifier.check(task, fenced("    return s[-1:] + s[:-1]\n")).reason == "ok"
     assert verifier.check(task, fenced("def decode(s):\n    return s\n")).reason == "wrong_answer"
     assert verifier.check(task, fenced("    pass\n")).reason == "wrong_answer"
+
+
+@needs_sandbox
+def test_a_debug_task_pays_nothing_for_the_program_it_showed(sandbox):
+    """``code.debug``'s spec carries the shown program's outputs (``given``): sending that program
+    back unchanged is trivial, so its matches are the floor of partial credit (it earned up to 0.4)."""
+    import rlvr.tasks  # noqa: F401  (registers the built-in domains)
+    from rlvr.tasks.base import generate_tasks
+    from rlvr.verifiers.code import extract_code
+
+    tasks = [t for seed in (1, 2) for t in generate_tasks("code.debug", "train", 24, seed=seed)]
+    echoes = [(t, fenced(extract_code(t.prompt[-1]["content"]))) for t in tasks]  # the one block shown
+    verdicts = check_all(echoes)
+    matched = [v.details["tests_passed"] for v in verdicts]
+    assert all(not v.passed and v.score == 0.0 for v in verdicts), [(t.id, v.score) for (t, _), v in zip(echoes, verdicts)]
+    assert max(matched) > 0  # the shown program does match some hidden outputs: the floor is doing the work
+    assert all(v.details["trivial_baseline"] >= n for v, n in zip(verdicts, matched))
+    gold = check_all([(t, t.reference) for t in tasks])
+    assert all(v.passed and v.score == 1.0 for v in gold)
+
+
+def test_given_outputs_raise_the_baseline():
+    assert trivial_baseline([(1,), (2,), (3,)], [5, 6, 9], plaindata.same) == 1
+    assert trivial_baseline([(1,), (2,), (3,)], [5, 6, 9], plaindata.same, given=[5, 6, 7]) == 2

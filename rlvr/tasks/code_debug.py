@@ -11,7 +11,8 @@ The bug is one constant off by one or one operator/comparison swapped (``code_fu
 and the failing test is real: the buggy function's output on an input where it differs from the
 reference (both are our own generated code, evaluated in-process; model output never is). The
 reward is the same hidden-test check as ``code.gen``, whose hidden inputs here also include one
-the unchanged buggy function fails. Levels follow ``code_funcs``. The fix is a ``code.gen``
+the unchanged buggy function fails; the spec's ``given`` (the buggy function's outputs there) makes
+partial credit count only the cases the answer gets right beyond the program it was shown. Levels follow ``code_funcs``. The fix is a ``code.gen``
 solution, so a problem ``reveals`` that function's ``code.gen`` key: a train problem never shows
 the solution of an eval ``code.gen`` task.
 """
@@ -29,7 +30,8 @@ NAME = "code.debug"
 
 class CodeDebugDomain(Domain):
     name = NAME
-    version = "v2"  # v2: train problems that reveal an eval code.gen solution are drawn again
+    version = "v3"  # v2: train problems that reveal an eval code.gen solution are drawn again;
+    # v3: the spec carries the shown program's outputs ("given"), the floor of partial credit
     levels = (1, 2, 3, 4)
     needs_sandbox = True
 
@@ -50,7 +52,7 @@ class CodeDebugDomain(Domain):
                   f"but it is wrong:\n{fence(buggy.source)}\n"
                   f"{func.call(shown)} returned {buggy.fn(*shown)!r}, expected {func.fn(*shown)!r}. "
                   "Fix it.")
-        return Problem(key=buggy.key, prompt=prompt, spec=io_spec(func, hidden),
+        return Problem(key=buggy.key, prompt=prompt, spec=io_spec(func, hidden, given=buggy),
                        reference=fence(func.source), reveals=(("code.gen", func.key),))
 
     def corpus_text(self, problem: Problem, rng: random.Random) -> str:

@@ -29,12 +29,24 @@ def fence(source: str) -> str:
     return f"```python\n{source}```"
 
 
-def io_spec(func: Func, hidden: list[tuple]) -> Spec:
-    return Spec(kind="code", payload={
+def io_spec(func: Func, hidden: list[tuple], given: Func | None = None) -> Spec:
+    """The hidden io check of ``func``; ``given``: the program a debug task shows, whose outputs on
+    the hidden inputs (``"given"``) partial credit must beat (``rlvr.verifiers.partial``)."""
+    payload = {
         "entry_point": func.name,
         "inputs": plaindata.encode(hidden),
         "expected": plaindata.encode([func.fn(*a) for a in hidden]),
-    })
+    }
+    if given is not None:
+        payload["given"] = plaindata.encode([_output(given, a) for a in hidden])
+    return Spec(kind="code", payload=payload)
+
+
+def _output(func: Func, args: tuple):
+    try:
+        return func.fn(*args)
+    except Exception:  # noqa: BLE001 - our own generated code; a raise matches no expected output
+        return None
 
 
 def examples(func: Func, inputs: list[tuple]) -> str:

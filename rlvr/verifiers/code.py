@@ -5,10 +5,11 @@ or a bare ```` ``` ````); zero blocks, an unclosed fence or several blocks are `
 The code is compiled here (``compile`` only, never executed here) so a syntax error never costs a
 sandbox run, then run in the sandbox against the task's hidden tests. Two spec forms:
 
-- **io** (rlvr's generated tasks): ``{"entry_point", "inputs", "expected", "timeout"?}`` with
-  ``inputs``/``expected`` encoded by ``plaindata.encode`` (a list of argument tuples, a list of
+- **io** (rlvr's generated tasks): ``{"entry_point", "inputs", "expected", "given"?, "timeout"?}``
+  with ``inputs``/``expected`` encoded by ``plaindata.encode`` (a list of argument tuples, a list of
   outputs). Only the inputs enter the sandbox; outputs come back as plain data and are compared
-  here, type-strictly (``ExecResult.compare``).
+  here, type-strictly (``ExecResult.compare``). ``given`` (a debug task's shown program's outputs
+  on the inputs) only raises the floor of partial credit.
 - **tests** (HumanEval-style): ``{"entry_point", "test", "prompt_code"?, "timeout"?}`` where
   ``test`` defines ``check(candidate)`` (or ``test_*`` functions). The tests run in a process the
   candidate never touches (``Job.with_tests``).
@@ -210,10 +211,11 @@ def _before_run(result: ExecResult) -> str | None:
 
 
 def io_verdict(expected: list[Any], details: dict[str, Any],
-               inputs: list[tuple] | None = None) -> Callable[[ExecResult], Verdict]:
+               inputs: list[tuple] | None = None, given: list[Any] | None = None) -> Callable[[ExecResult], Verdict]:
     """The verdict of an io run; a partial score is chance-corrected against the best trivial
-    program (``rlvr.verifiers.partial``), whose arguments are ``inputs`` (constants only if None)."""
-    baseline = trivial_baseline(inputs or [], expected, plaindata.same)
+    program (``rlvr.verifiers.partial``), whose arguments are ``inputs`` (constants only if None),
+    or the ``given`` outputs of the program the task shows."""
+    baseline = trivial_baseline(inputs or [], expected, plaindata.same, given)
 
     def finish(result: ExecResult) -> Verdict:
         d = _common_details(details, result)
@@ -292,8 +294,9 @@ def _prepare_program(program: str, spec: dict[str, Any], details: dict[str, Any]
         job = Job.with_tests(program, tests, entry_point, limits=limits, task_id=task_id)
         return _Pending(job, _finish_tests(details, asserted_baseline(spec["test"], entry_point)))
     inputs, expected = _decode_io(spec, task_id)
+    given = _decode_given(spec, len(expected), task_id)
     job = Job.io(program, entry_point, inputs, limits=limits, task_id=task_id)
-    return _Pending(job, io_verdict(expected, details, inputs))
+    return _Pending(job, io_verdict(expected, details, inputs, given))
 
 
 def _decode_io(spec: dict[str, Any], task_id: str) -> tuple[list[tuple], list[Any]]:
@@ -309,6 +312,20 @@ def _decode_io(spec: dict[str, Any], task_id: str) -> tuple[list[tuple], list[An
         raise UserError(f"{where} needs a non-empty list of 'inputs' and as many 'expected' "
                         f"outputs (got {len(inputs)} and {len(expected)})")
     return inputs, expected
+
+
+def _decode_given(spec: dict[str, Any], n: int, task_id: str) -> list[Any] | None:
+    """The optional ``given``: outputs of the program the task shows, one per hidden input."""
+    if "given" not in spec:
+        return None
+    where = f"task {task_id}: code spec" if task_id else "code spec"
+    try:
+        given = plaindata.decode(spec["given"])
+    except plaindata.NotPlainData as e:
+        raise UserError(f"{where}: 'given' is not a plaindata-encoded list: {e}") from None
+    if type(given) is not list or len(given) != n:
+        raise UserError(f"{where}: 'given' must encode one output per hidden input ({n})")
+    return given
 
 
 def _check_test_source(test: Any, task_id: str) -> None:

@@ -13,7 +13,9 @@ so every trivial program scores 0 (whichever constant or argument it returns), a
 is right beyond them is paid for exactly the cases beyond, and a full pass is still 1.0.
 (It is Cohen's kappa with the best trivial program as chance.)
 
-- **io** tasks know every input and expected output: the baseline is exact.
+- **io** tasks know every input and expected output: the baseline is exact. A task that shows a
+  program to fix (``code.debug``) carries that program's outputs on the hidden inputs as
+  ``"given"``: sending it back unchanged is trivial too, so the baseline is at least its matches.
 - **tests** tasks (``test_*`` functions, e.g. MBPP's asserts through ``tests_from_asserts``)
   are read statically from the trusted test source: a test whose body is one
   ``assert f(<literals>) == <literal>`` (either side; also ``is``, a bare ``assert f(...)``
@@ -49,9 +51,9 @@ def chance_corrected(passed: int, total: int, baseline: int) -> float:
 
 
 def trivial_baseline(inputs: Sequence[tuple], expected: Sequence[Any],
-                     same: Callable[[Any, Any], bool]) -> int:
-    """The most io cases one constant, or one argument returned unchanged, gets right
-    (``same``: the verifier's own comparison)."""
+                     same: Callable[[Any, Any], bool], given: Sequence[Any] | None = None) -> int:
+    """The most io cases one constant, one argument returned unchanged, or the ``given`` outputs
+    (the program a debug task shows) get right (``same``: the verifier's own comparison)."""
     groups = Counter(_key(e) for e in expected)  # exact values; ``same`` adds float tolerance
     firsts = {}
     for e in expected:
@@ -62,6 +64,8 @@ def trivial_baseline(inputs: Sequence[tuple], expected: Sequence[Any],
     for k in range(width):
         right = sum(len(args) > k and same(args[k], e) for args, e in zip(inputs, expected))
         best = max(best, right)
+    if given is not None:
+        best = max(best, sum(same(g, e) for g, e in zip(given, expected)))
     return best
 
 
