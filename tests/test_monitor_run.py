@@ -66,6 +66,12 @@ def test_every_planted_hack_class_is_flagged_zeroed_and_kept(tiny_model_dir, tmp
     metrics = read_metrics(tmp_path)
     assert sum(m.get("monitor/zeroed", 0.0) for m in metrics) == len(policy.planted)
     assert all("rollout/entropy" in m and "rollout/group_reward_std" in m for m in metrics)
+    from rlvr.report import write_report
+
+    page = write_report(tmp_path).read_text()  # the report lists every planted hack and links to it
+    for (step, index), name in policy.planted.items():
+        assert f'id="traj-{step}-{index}"' in page and f'href="#traj-{step}-{index}"' in page, (name, step, index)
+    assert all(name in page for name in HACKS)
 
 
 def test_a_stop_action_ends_the_run_with_one_line_and_keeps_the_trained_steps(tiny_model_dir, tmp_path, monkeypatch):
