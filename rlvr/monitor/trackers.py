@@ -138,7 +138,9 @@ class MlflowTracker:
 class WandbTracker:
     def __init__(self, run_dir: Path, cfg: TrackerConfig, params: dict[str, Any]):
         os.environ["WANDB_ERROR_REPORTING"] = "false"
-        wandb = require("wandb", "wandb")
+        require("wandb", "wandb")  # a missing package: the one-line error naming the extra
+        import wandb
+
         self._wandb = wandb
         settings = wandb.Settings(silent=True, console="off", save_code=False, disable_git=True,
                                   x_disable_stats=True)
