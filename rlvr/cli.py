@@ -107,6 +107,10 @@ def _load(cls, args, *, eval_section: str | None = None):
     overrides = list(args.overrides)
     if getattr(args, "out", None):
         overrides.append(f"out={args.out}")
+    if getattr(args, "backend", None):
+        overrides.append(f"backend={args.backend}")
+    if getattr(args, "ray_address", None):
+        overrides.append(f"ray.address={args.ray_address}")
     data = apply_overrides(read_yaml(args.config) if args.config else {}, overrides)
     if hasattr(args, "tasks"):
         data = _apply_task_args(data, args, eval_section=eval_section)
@@ -139,7 +143,12 @@ def cmd_train(args) -> None:
     from rlvr.train.grpo import GRPOConfig, run_grpo
 
     cfg = _load(GRPOConfig, args, eval_section="eval")
-    result = run_grpo(cfg, resume=args.resume)
+    if cfg.backend == "ray":
+        from rlvr.train.ray_train import run_on_ray
+
+        result = run_on_ray(cfg, resume=args.resume)
+    else:
+        result = run_grpo(cfg, resume=args.resume)
     print(json.dumps(result, indent=2))
     if "eval_report" in result:
         from rlvr.eval.table import print_eval
@@ -427,6 +436,12 @@ def build_parser() -> argparse.ArgumentParser:
         _config_args(p, resume=resume)
         if name in ("sft", "train"):
             _task_args(p, eval_files=name == "train", conversations=name == "sft")
+        if name == "train":
+            p.add_argument("--backend", choices=["local", "ray"],
+                           help="where rollouts, verification and training run (same as --set backend=...; "
+                                "docs/distributed.md)")
+            p.add_argument("--ray-address", metavar="local|auto|HOST:PORT",
+                           help="with --backend ray: start a local instance, join this machine's cluster, or a head")
         p.set_defaults(fn=fn)
     p = sub.add_parser("pairs", help="preference pairs from a model's verified rollouts (passed vs failed)")
     _config_args(p)

@@ -15,8 +15,8 @@ A mismatch (a load that did not happen, the wrong version loaded, a partial load
 ``StaleWeightsError`` naming both versions. ``pull`` also checks the version it ends up serving
 is the one it was handed.
 
-In-process (a copy in memory). No remote engine exists yet; one would keep the same contract:
-push = broadcast + version, pull = load + canary, compared against the trainer's probe.
+In-process (a copy in memory). Ray rollout workers (``rlvr.workers``) keep the same contract:
+push = broadcast + version, load = ``load_state_dict`` + ``check_canary`` against the trainer's probe.
 """
 
 from __future__ import annotations
@@ -97,10 +97,17 @@ class WeightSync:
 
     def check(self, engine: torch.nn.Module, version: int, expected: torch.Tensor, previous: int) -> None:
         """The canary: the engine's log-probs of the fixed sequence against the trainer's probe."""
-        got = probe(engine, self.ids)
-        err = float((got - expected).abs().max())
-        if not err <= self.tolerance:  # also catches nan
-            raise StaleWeightsError(
-                f"rollout engine serves stale weights: trainer pushed version {version}, the engine's "
-                f"canary log-probs differ by {err:.3g} (> {self.tolerance:g}); it was serving version "
-                f"{previous} before the sync")
+        check_canary(engine, self.ids, expected, version, previous, self.tolerance)
+
+
+def check_canary(engine: torch.nn.Module, ids: list[int], expected: torch.Tensor, version: int, previous: int,
+                 tolerance: float) -> None:
+    """Raise ``StaleWeightsError`` unless ``engine``'s log-probs of the canary ``ids`` match the
+    trainer's probe ``expected`` of ``version`` within ``tolerance`` (in-process and on workers)."""
+    got = probe(engine, ids)
+    err = float((got - expected).abs().max())
+    if not err <= tolerance:  # also catches nan
+        raise StaleWeightsError(
+            f"rollout engine serves stale weights: trainer pushed version {version}, the engine's "
+            f"canary log-probs differ by {err:.3g} (> {tolerance:g}); it was serving version "
+            f"{previous} before the sync")

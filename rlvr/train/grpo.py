@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import math
 import time
@@ -91,6 +92,9 @@ from rlvr.train.common import (
     training_state,
 )
 from rlvr.types import Batch, Scored, Task
+from rlvr.workers.config import RayConfig
+
+BACKENDS = ("local", "ray")
 
 
 @dataclass
@@ -235,6 +239,12 @@ class GRPOConfig:
     trackers: TrackerConfig = field(default_factory=TrackerConfig)
     """Experiment trackers beside metrics.jsonl and TensorBoard (``rlvr.monitor.trackers``): mlflow, wandb
     (offline; docs/monitoring.md)."""
+    backend: str = "local"
+    """local: rollouts and verification in this process (the reference); ray: on Ray actors
+    (rollout engine copies, verifier sandbox pools) and the trainer itself an actor restarted from
+    its last checkpoint when lost (``rlvr.workers``, docs/distributed.md)."""
+    ray: RayConfig = field(default_factory=RayConfig)
+    """With ``backend: ray``: the cluster's address, workers and resources per role, retries."""
     asynchronous: AsyncConfig = field(default_factory=AsyncConfig)
     """Asynchronous mode: generation, verification and updates overlap (docs/async.md)."""
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
@@ -244,6 +254,7 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         check_device("device", self.device)
+        check_choice("backend", self.backend, BACKENDS)
         check_range("steps", self.steps, 1)
         self.task_files = [as_file_config(f) for f in self.task_files]
         if not self.domains and not self.task_files:
@@ -393,17 +404,21 @@ def eval_task_set(cfg: GRPOConfig) -> list[Task]:
     return build_task_set(e.domains, "eval", e.tasks, seed=e.seed, levels=e.levels, files=e.task_files)
 
 
+def sampling_params(run: Run) -> SamplingParams:
+    """The run's sampling settings (``params.n`` samples per task)."""
+    r = run.cfg.rollout
+    return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                          n=r.samples_per_task, stop_token_ids=[run.tokenizer.eos_token_id], precision=r.precision)
+
+
 def generation(run: Run, tokenizer) -> Callable:
     """The rollout phase as a source calls it: ``(model, tasks, version, envs, generator) ->
-    episodes`` under the run's sampling settings (``params.n`` samples per task)."""
-    r = run.cfg.rollout
-    params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                            n=r.samples_per_task, stop_token_ids=[run.tokenizer.eos_token_id],
-                            precision=r.precision)
+    episodes`` under the run's sampling settings."""
+    params, batch_size = sampling_params(run), run.cfg.rollout.batch_size
 
     def generate(model, tasks: list[Task], version: int, envs: EnvPool | None, generator) -> list[Episode]:
         return run_tasks(model, tokenizer, tasks, params, envs, generator=generator, policy_version=version,
-                         batch_size=r.batch_size)
+                         batch_size=batch_size)
 
     return generate
 
@@ -416,19 +431,41 @@ def rollout(run: Run, tasks: list[Task], policy_version: int) -> list[Episode]:
 
 def rollout_source(run: Run, cfg: GRPOConfig) -> RolloutSource:
     """Where the loop's batches come from: the synchronous phases in this thread, or (asynchronous
-    mode) background producer and verifier threads on an engine copy of the model."""
-    verify = lambda tasks, episodes: verify_and_reward(tasks, episodes, cfg)  # noqa: E731
-    common = dict(pool=run.pool, tasks_per_step=cfg.rollout.tasks_per_step, verify=verify)
+    mode) background producer and verifier threads on an engine copy of the model; with
+    ``backend: ray`` the generate and verify phases run on Ray actors either way."""
+    verify = functools.partial(verify_and_reward, cfg=cfg)
+    c = cfg.curriculum
+    refill = c.filter.refill_rounds if c.enabled and c.filter.enabled else 0
+    workers = ray_workers(run, cfg, verify) if cfg.backend == "ray" else None
+    common = dict(pool=run.pool, tasks_per_step=cfg.rollout.tasks_per_step)
     if not cfg.asynchronous.enabled:
-        c = cfg.curriculum
-        refill = c.filter.refill_rounds if c.enabled and c.filter.enabled else 0
-        return SyncRollout(generate=lambda tasks, version: rollout(run, tasks, version), refill_rounds=refill, **common)
+        if workers is not None:
+            from rlvr.workers.ray_rollout import RayRollout
+
+            return RayRollout(workers, generator=run.generator, refill_rounds=refill, **common)
+        return SyncRollout(generate=lambda tasks, version: rollout(run, tasks, version), verify=verify,
+                           refill_rounds=refill, **common)
+    if workers is not None:
+        from rlvr.workers.ray_rollout import RayAsyncRollout
+
+        return RayAsyncRollout(workers, run.model, cfg.asynchronous, start=run.step, total=cfg.steps,
+                               pad_token_id=run.tokenizer.pad_token_id, seed=cfg.seed, **common).start()
     # its own tokenizer: a fast tokenizer is not safe to share across threads
     return AsyncRollout(
-        run.model, cfg.asynchronous, generate=generation(run, copy.deepcopy(run.tokenizer)), start=run.step,
-        total=cfg.steps, pad_token_id=run.tokenizer.pad_token_id, seed=cfg.seed,
+        run.model, cfg.asynchronous, generate=generation(run, copy.deepcopy(run.tokenizer)), verify=verify,
+        start=run.step, total=cfg.steps, pad_token_id=run.tokenizer.pad_token_id, seed=cfg.seed,
         make_env_pool=(lambda: EnvPool(cfg.env, run.sandbox)) if run.envs is not None else None, **common,
     ).start()
+
+
+def ray_workers(run: Run, cfg: GRPOConfig, verify: Callable):
+    """The rollout and verifier actors of a ``backend: ray`` run, serving the trainer's weights."""
+    from rlvr.workers.ray_rollout import RayWorkers
+
+    return RayWorkers(run.model, run.tokenizer, params=sampling_params(run), batch_size=cfg.rollout.batch_size,
+                      verify=verify, cfg=cfg.ray, env_cfg=cfg.env, sandbox_cfg=cfg.sandbox,
+                      needs_sandbox=run.sandbox is not None, run_dir=run.dir, version=run.step,
+                      canary_tolerance=cfg.asynchronous.canary_tolerance)
 
 
 def mismatch_metric(run: Run, batch: RolloutBatch, train_metrics: dict, cfg: GRPOConfig) -> dict:

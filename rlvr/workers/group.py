@@ -1,0 +1,107 @@
+"""A group of actors of one role that runs chunks of work and survives the loss of its actors.
+
+    group = ActorGroup("verifier", make, size=2, max_retries=3, log=events.write)
+    results = group.run("verify", [(tasks, part) for part in parts])   # in chunk order
+
+Chunk k goes to actor k mod size. When an actor dies (its process killed, its node lost), every
+chunk it held fails with a Ray actor error; the actor is replaced once (``make(slot)``, then
+``prepare(actor)``, e.g. loading the current weights) and each of its chunks is submitted again
+to the replacement. A chunk's result is taken exactly once, from the one attempt that finished,
+so nothing is lost or counted twice. Each retry is logged (``log``) and counted. An error raised
+by the work itself (a bug, a stale-weights canary) is not retried: it reaches the caller.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+class WorkerLost(RuntimeError):
+    """A chunk failed on more actors than ``max_retries`` allows."""
+
+
+class ActorGroup:
+    def __init__(self, role: str, make: Callable[[int], object], size: int, *, max_retries: int,
+                 log: Callable[[dict], None], prepare: Callable[[object], None] | None = None) -> None:
+        import ray
+
+        self.ray, self.role, self.make, self.size = ray, role, make, size
+        self.max_retries, self.log, self.prepare = max_retries, log, prepare
+        self.actors = [make(i) for i in range(size)]
+        self.retries = self.replaced = 0
+        self.in_flight: dict[int, object] = {}  # chunk -> the actor running it (tests kill one)
+
+    def pids(self) -> list[int]:
+        return self.ray.get([a.pid.remote() for a in self.actors])
+
+    def run(self, method: str, chunks: list[tuple]) -> list:
+        """``actor.method(*chunk)`` for every chunk, spread over the actors; results in chunk order."""
+        errors = self._errors()
+        pending = dict(self._submit(method, k, chunks[k]) for k in range(len(chunks)))
+        results: list = [None] * len(chunks)
+        attempts = [0] * len(chunks)
+        while pending:
+            done, _ = self.ray.wait(list(pending), num_returns=1)
+            k, actor = pending.pop(done[0])
+            try:
+                results[k] = self.ray.get(done[0])
+                self.in_flight.pop(k, None)
+            except errors as e:
+                attempts[k] += 1
+                if attempts[k] > self.max_retries:
+                    raise WorkerLost(f"{self.role} chunk {k} failed on {attempts[k]} actors; last: {e}") from e
+                self._replace(k % self.size, actor, e)
+                self.retries += 1
+                self.log({"event": "retry", "role": self.role, "method": method, "chunk": k,
+                          "attempt": attempts[k] + 1, "error": _first_line(e)})
+                ref, held = self._submit(method, k, chunks[k])
+                pending[ref] = held
+            except self.ray.exceptions.RayTaskError as e:
+                raise e.as_instanceof_cause() from None
+        return results
+
+    def broadcast(self, method: str, args: tuple) -> list:
+        """``actor.method(*args)`` on every actor (a replacement gets it through ``prepare``)."""
+        return self.run(method, [args] * self.size)
+
+    def close(self) -> None:
+        for a in self.actors:
+            try:
+                self.ray.kill(a)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.actors = []
+
+    def _submit(self, method: str, k: int, chunk: tuple):
+        """(the call's object ref, (chunk, the actor running it))."""
+        actor = self.actors[k % self.size]
+        self.in_flight[k] = actor
+        return getattr(actor, method).remote(*chunk), (k, actor)
+
+    def _replace(self, slot: int, lost, error: Exception) -> None:
+        """Replace the slot's actor if it is still the one that was lost (its other chunks fail
+        too: the first failure replaces it, the others find the replacement)."""
+        if self.actors[slot] is not lost:
+            return
+        try:
+            self.ray.kill(lost)  # an unavailable actor that comes back must not hold resources
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        t0 = time.perf_counter()
+        self.actors[slot] = self.make(slot)
+        if self.prepare is not None:
+            self.prepare(self.actors[slot])
+        self.replaced += 1
+        self.log({"event": "replaced", "role": self.role, "slot": slot, "error": _first_line(error),
+                  "seconds": round(time.perf_counter() - t0, 3)})
+
+    def _errors(self) -> tuple[type, ...]:
+        ex = self.ray.exceptions
+        return tuple(getattr(ex, n) for n in ("RayActorError", "ActorUnavailableError", "WorkerCrashedError",
+                                              "ObjectLostError") if hasattr(ex, n))
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__
