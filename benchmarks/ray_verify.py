@@ -41,6 +41,7 @@ from common import (
     idle_cpu,
     machine_note,
     print_table,
+    spread,
     write_json,
 )
 
@@ -119,7 +120,8 @@ def verification(ray, n: int, rounds: int, work: Path) -> dict:
         s.close()
     local.close()
 
-    base = statistics.median(times["in-process Sandbox.map, pool 2"])
+    base_rounds = times["in-process Sandbox.map, pool 2"]
+    base = statistics.median(base_rounds)
     one = statistics.median(times["ray, 1 actor x pool 2"])
     rows = []
     for name, ts in times.items():
@@ -127,6 +129,7 @@ def verification(ray, n: int, rounds: int, work: Path) -> dict:
         rows.append({"side": name, "programs_per_s": n / med, "wall_s": med,
                      "ratio_vs_in_process": base / med, "ratio_vs_1_actor": one / med,
                      "overhead_ms_per_program": 1e3 * (med - base) / n,
+                     "per_round_ratio_vs_in_process": spread([b / t for b, t in zip(base_rounds, ts)]),
                      "right": f"{right[name]}/{n * rounds}", "per_round_s": [round(t, 3) for t in ts]})
     return {"n": n, "rounds": rounds, "chunk_size": CHUNK, "wrong_share": WRONG_SHARE,
             "all_results_right": all(v == n * rounds for v in right.values()), "sides": rows,
@@ -189,11 +192,12 @@ def main() -> int:
             push = broadcast(ray, args.push_sizes, args.push_repeats, Path(tmp)) if args.push_sizes else []
     finally:
         ray.shutdown()
+    idle_after = idle_cpu()
 
     print(f"\n(a) {args.n} io jobs ({WRONG_SHARE:.0%} wrong functions), chunks of {CHUNK}, "
           f"median of {args.rounds} alternating rounds; every result right: {v['all_results_right']}")
-    print_table(v["sides"], ["side", "programs_per_s", "wall_s", "ratio_vs_in_process", "ratio_vs_1_actor",
-                             "overhead_ms_per_program", "right"])
+    print_table(v["sides"], ["side", "programs_per_s", "wall_s", "ratio_vs_in_process", "per_round_ratio_vs_in_process",
+                             "ratio_vs_1_actor", "overhead_ms_per_program", "right"])
     print("\n(b) one call at a time, median ms: "
           + ", ".join(f"{k} {ms:.2f}" for k, ms in v["round_trip_ms"].items())
           + f"; a chunk's Ray overhead {v['chunk_overhead_ms']:.2f} ms ({v['chunk_overhead_ms'] / CHUNK:.3f} ms/job)")
@@ -202,8 +206,9 @@ def main() -> int:
         print_table(push, ["model", "params_m", "state_dict_mb", "rollout_actors", "push_ms"])
     print(f"\n{os.cpu_count()} cores: 2 actors share them with each other, so they cannot double "
           "throughput here; the 2-actor rows show the overhead and that the work spreads, not scaling. "
-          f"Idle CPU at start {idle:.0%}.")
-    write_json(args.json_path, {"machine": machine_note(), "idle_cpu_before": idle, "cpu_count": os.cpu_count(),
+          f"Idle CPU at start {idle:.0%}, at the end {idle_after:.0%}.")
+    write_json(args.json_path, {"machine": machine_note(), "idle_cpu_before": idle, "idle_cpu_after": idle_after,
+                                "cpu_count": os.cpu_count(),
                                 "ray_version": ray.__version__, "verification": v, "weight_broadcast": push})
     return 0 if v["all_results_right"] else 1
 
