@@ -221,6 +221,16 @@ def test_ray_config_is_checked_and_a_missing_extra_is_named(tiny_model_dir, tmp_
         _cfg(tiny_model_dir, tmp_path, "slurm")
     with pytest.raises(ConfigError, match="ray.rollout_workers"):
         _cfg(tiny_model_dir, tmp_path, "ray", "ray.rollout_workers=0")
+    from rlvr.workers.cluster import check_resources, reachable
+    from rlvr.workers.config import RayConfig
+
+    check_resources(ray, RayConfig(rollout_cpus=0.5, verifier_cpus=0.5, trainer_cpus=0.5))  # fits in 2 CPUs
+    with pytest.raises(UserError, match=r"reserve 5 CPUs.*cluster has 2"):  # would wait forever
+        check_resources(ray, RayConfig(rollout_workers=2, verifier_workers=2))
+    with pytest.raises(UserError, match="GPUs"):
+        check_resources(ray, RayConfig(rollout_cpus=0.5, verifier_cpus=0.5, trainer_cpus=0.5, trainer_gpus=1))
+    with pytest.raises(UserError, match="nothing answers at 127.0.0.1:1"):
+        reachable("127.0.0.1:1", timeout=1.0)
     import builtins
 
     real_import = builtins.__import__

@@ -21,7 +21,7 @@ import torch
 from rlvr.errors import UserError
 from rlvr.model.checkpoint import latest_checkpoint
 from rlvr.train.grpo import GRPOConfig, run_grpo
-from rlvr.workers.cluster import connect, torch_threads
+from rlvr.workers.cluster import check_resources, connect, torch_threads
 from rlvr.workers.events import EventLog
 
 
@@ -39,6 +39,7 @@ class TrainerActor:
 def run_on_ray(cfg: GRPOConfig, *, resume: bool = False) -> dict:
     """Run ``cfg`` (``backend: ray``) with the trainer on the cluster; the result of ``run_grpo``."""
     ray = connect(cfg.ray)
+    check_resources(ray, cfg.ray)
     events = EventLog(cfg.out)
     trainer_cls = ray.remote(TrainerActor).options(num_cpus=cfg.ray.trainer_cpus, num_gpus=cfg.ray.trainer_gpus)
     restarts = 0
