@@ -13,13 +13,22 @@ from rlvr.config import check_choice
 from rlvr.errors import ConfigError
 from rlvr.sandbox.detect import BACKENDS
 
+UID_COUNT = 1000  # the sandbox uids (pool.UID_COUNT; not imported: pool is heavier)
+
 
 @dataclass
 class SandboxConfig:
     backend: str = "auto"
     """auto | forkserver | forkserver-userns | bwrap | weak (see ``rlvr sandbox info``)."""
     workers: int = 0
-    """Pre-warmed worker processes; 0 = one per core (at most 8)."""
+    """Pre-warmed worker processes; 0 = one per core (at most 8). Also the CPU budget: at most
+    this many runs compute at once (runs seen sleeping or blocked do not count)."""
+    max_slots: int = 64
+    """Execution slots in all: while jobs wait and the busy runs are not using CPU (a program
+    that sleeps until its wall limit), extra workers are started up to this many, each with
+    its own uid. 0 = ``workers`` (fixed pool, no extra slots); never below ``workers``."""
+    slot_idle_s: float = 30.0
+    """An extra slot (beyond ``workers``) idle this many seconds retires."""
     allow_weak: bool = False
     """Accept the weak backend (no namespaces) where nothing stronger exists; prints what it lacks."""
     audit: bool = True
@@ -29,6 +38,14 @@ class SandboxConfig:
         check_choice("sandbox.backend", self.backend, BACKENDS)
         if self.workers < 0:
             raise ConfigError(f"sandbox.workers must be >= 0, got {self.workers}")
+        if self.max_slots < 0 or self.max_slots > UID_COUNT:
+            raise ConfigError(f"sandbox.max_slots must be in 0..{UID_COUNT} (one uid per slot), "
+                              f"got {self.max_slots}")
+        if self.max_slots and self.workers > self.max_slots:
+            raise ConfigError(f"sandbox.max_slots ({self.max_slots}) must be >= sandbox.workers "
+                              f"({self.workers}), or 0")
+        if not self.slot_idle_s > 0:
+            raise ConfigError(f"sandbox.slot_idle_s must be > 0, got {self.slot_idle_s}")
 
 
 def open_sandbox(cfg: SandboxConfig, run_dir: str | Path | None = None, warn=print):
@@ -41,7 +58,8 @@ def open_sandbox(cfg: SandboxConfig, run_dir: str | Path | None = None, warn=pri
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         sandbox = Sandbox(workers=cfg.workers or None, backend=cfg.backend,
-                          allow_weak=cfg.allow_weak, audit_path=audit)
+                          allow_weak=cfg.allow_weak, audit_path=audit,
+                          max_slots=cfg.max_slots, idle_s=cfg.slot_idle_s)
     for w in caught:
         warn(f"WARNING: {w.message}")
     return sandbox

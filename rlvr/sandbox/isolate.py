@@ -4,13 +4,15 @@ A worker builds one ``Plan`` at start-up (what this machine allows, which uid to
 paths stay readable). Each run's first process calls ``enter`` right after the fork, in this
 order: new session, die with the worker, rlimits, workspace as cwd, close every inherited fd
 but the run's pipes, drop to the slot's non-root uid (or drop capabilities inside a user
-namespace), landlock (read-only system, one writable workspace, no TCP, scoped signals), seccomp.
+namespace), die with the worker again (the uid change disarmed it) unless it is already gone,
+landlock (read-only system, one writable workspace, no TCP, scoped signals), seccomp.
 """
 
 from __future__ import annotations
 
 import os
 import resource
+import select
 import signal
 import sys
 
@@ -56,7 +58,10 @@ def set_limits(limits: dict) -> None:
     mb = 1 << 20
     cpu = int(limits["cpu_s"])
     for res, soft, hard in (
-        (resource.RLIMIT_CPU, cpu, cpu + 1),
+        # soft = hard: the kernel's SIGKILL at the hard limit. A run's first process is the
+        # init of its pid namespace, which never gets a default-action SIGXCPU (the soft
+        # limit's signal), so with hard = soft + 1 it spun a second longer than cpu_s.
+        (resource.RLIMIT_CPU, cpu, cpu),
         (resource.RLIMIT_AS, limits["memory_mb"] * mb, limits["memory_mb"] * mb),
         (resource.RLIMIT_NPROC, limits["processes"], limits["processes"]),
         (resource.RLIMIT_FSIZE, limits["file_size_mb"] * mb, limits["file_size_mb"] * mb),
@@ -66,10 +71,34 @@ def set_limits(limits: dict) -> None:
         resource.setrlimit(res, (soft, hard))
 
 
+def parent_gone(parent_fd: int) -> bool:
+    """Whether nobody reads ``parent_fd`` (a pipe's write end whose reader is the parent)
+    any more: the parent has exited. (``getppid`` cannot tell: it is 0 for a pid namespace's
+    pid 1.)"""
+    poller = select.poll()
+    poller.register(parent_fd, select.POLLOUT)
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+
+
+def die_with_parent(parent_fd: int | None = None, parent_pid: int | None = None) -> None:
+    """Arm SIGKILL on the parent's death, then make sure the parent did not die before that.
+
+    The kernel clears the parent-death signal on a uid change, so a run re-arms it after its
+    setuid; were the parent already gone, nothing would ever deliver it: exit now."""
+    if not kernel.LINUX:
+        return
+    kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if (parent_fd is not None and parent_gone(parent_fd)) or \
+            (parent_pid is not None and os.getppid() != parent_pid):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def enter(plan: Plan, workdir: str, limits: dict, keep_fds: list[int],
-          landlock: bool = True, filter_syscalls: bool = True) -> None:
+          landlock: bool = True, filter_syscalls: bool = True,
+          parent_fd: int | None = None) -> None:
     """Isolate the calling (freshly forked) process. Raises if any step fails: never run
-    untrusted code half-isolated."""
+    untrusted code half-isolated. ``parent_fd``: a pipe write end that only the parent reads
+    (for ``die_with_parent``)."""
     os.setsid()
     if kernel.LINUX:
         kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -89,6 +118,7 @@ def enter(plan: Plan, workdir: str, limits: dict, keep_fds: list[int],
         os.setresuid(plan.uid, plan.uid, plan.uid)
     elif plan.drop_caps:
         kernel.drop_capabilities()
+    die_with_parent(parent_fd)  # the uid change cleared it; before seccomp, landlock, the run
     if landlock and plan.landlock_abi:
         if plan.runs_ruleset is not None and _is_under(workdir, plan.runs_root):
             kernel.landlock_apply(plan.runs_ruleset)

@@ -8,7 +8,16 @@
 ``submit`` returns a future and blocks while the queue is full (backpressure), so a rollout can
 stream verification work in as fast as the workers take it. Each worker has its own slot (a
 non-root uid on the strict root backend, allocated with a lock file so two pools on one machine
-never share one) and one dispatcher thread. The nonce and the trusted verdict live here.
+never share one) and one thread that started it and serves it. The nonce and the trusted verdict
+live here.
+
+Slots are elastic, with CPU accounting: ``workers`` slots are pre-warmed and are also the CPU
+budget (at most that many runs compute at once, so an honest CPU-bound run keeps a core and is
+not timed out by contention). While jobs wait, a governor samples the busy runs' CPU time from
+``/proc``; a run that is not computing (sleeping, blocked) gives its share back and, when no
+slot is free, an extra slot is started (up to ``max_slots``), so a batch does not queue behind
+programs that only wait for their wall limit. A run that starts computing again takes its share
+back; extra slots idle for ``idle_s`` retire.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 
 from rlvr.errors import UserError
@@ -34,6 +44,13 @@ from rlvr.sandbox.audit import AuditLog
 from rlvr.sandbox.types import ExecResult, Job
 
 UID_BASE, UID_COUNT = 61000, 1000
+MAX_SLOTS = 64  # slots in all (default): the pre-warmed ones plus extras for waiting runs
+IDLE_S = 30.0  # an extra slot idle this long retires
+TICK_S = 0.05  # CPU accounting period (twice that where it needs a full /proc scan)
+WINDOW_S = 0.1  # the shortest window a run's CPU use is judged over
+WAITING_BELOW = 0.2  # a run using less of a core than this over a period is waiting ...
+COMPUTING_ABOVE = 0.5  # ... and one using more than this is computing
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 WORKER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "LANG": "C.UTF-8",
               "PYTHONDONTWRITEBYTECODE": "1"}
 
@@ -53,13 +70,35 @@ def _shm_root() -> str:
     return path
 
 
+def _uids_in_use() -> set[int]:
+    """The real uids of every process on this machine (``/proc/*/status``)."""
+    uids = set()
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return uids
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"Uid:"):
+                        uids.add(int(line.split()[1]))
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+    return uids
+
+
 class _SlotLock:
     """An exclusive claim on one sandbox uid, held for the pool's life."""
 
     def __init__(self) -> None:
         lock_dir = os.path.join(tempfile.gettempdir(), "rlvr-sandbox-uids")
         os.makedirs(lock_dir, exist_ok=True)
+        busy = _uids_in_use()
         for uid in range(UID_BASE, UID_BASE + UID_COUNT):
+            if uid in busy:  # a process of a pool that died (or of an older rlvr) still has it
+                continue
             f = open(os.path.join(lock_dir, f"{uid}.lock"), "w")
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -80,6 +119,7 @@ class _WorkerProcess:
         tag = str(self.lock.uid) if self.lock else f"{os.getpid()}-{slot}"
         self.base = os.path.join(_shm_root(), tag)
         cfg = {"backend": backend.name, "uid": self.lock.uid if self.lock else None,
+               "owner": os.getpid(),
                "base": self.base, "bwrap": backend.caps.bwrap,
                "seccomp_bpf": bpf.hex() if bpf else None}
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -112,11 +152,17 @@ class _WorkerProcess:
             buf += chunk
         return buf
 
-    def call(self, untrusted: dict, trusted: bytes) -> dict:
+    def call(self, untrusted: dict, trusted: bytes, started=None) -> dict:
+        """Run one job; ``started(pid)`` hears the run's first process as soon as it exists."""
         a = json.dumps({"job": untrusted}).encode()
         self.proc.stdin.write(struct.pack(">I", len(a)) + a + struct.pack(">I", len(trusted)) + trusted)
         self.proc.stdin.flush()
-        return self._read()
+        while True:
+            frame = self._read()
+            if "started" not in frame:
+                return frame
+            if started is not None:
+                started(frame["started"])
 
     def close(self) -> None:
         try:
@@ -133,10 +179,31 @@ class _WorkerProcess:
             self.lock.release()
 
 
+class _Slot:
+    """One execution slot: a worker process, the thread that started it and serves it, and
+    what the CPU accounting knows about its current run."""
+
+    def __init__(self, index: int, extra: bool):
+        self.index, self.extra = index, extra
+        self.worker: _WorkerProcess | None = None
+        self.error: BaseException | None = None
+        self.ready = threading.Event()
+        self.busy = self.token = False  # running a job; counted against the CPU budget
+        self.run_id = 0  # bumped per job, so a CPU sample never spans two runs
+        self.run_pid: int | None = None  # the run's first process (reported by the worker)
+        self.sample: tuple[int, int, float] | None = None  # (run_id, ticks, time)
+
+
 class Sandbox:
     def __init__(self, workers: int | None = None, backend: str = "auto", *,
                  allow_weak: bool = False, audit_path: str | None = None,
-                 queue_size: int | None = None, python: str | None = None):
+                 queue_size: int | None = None, python: str | None = None,
+                 max_slots: int | None = None, idle_s: float = IDLE_S):
+        """``workers`` pre-warmed slots (default one per core, at most 8) are also the CPU
+        budget: at most that many runs use CPU at once. ``max_slots`` (default
+        ``MAX_SLOTS``, never below ``workers``) caps the slots in all: while jobs wait, a run
+        that is not using CPU (sleeping, blocked) gives its share of the budget back and an
+        extra slot is started for the waiting work. Extra slots idle for ``idle_s`` retire."""
         self.backend = detect.choose(backend)
         if not self.backend.strict:
             message = ("sandbox: only the weak backend is available here; it does not "
@@ -150,17 +217,44 @@ class Sandbox:
         self._python = python or sys.executable
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size or 4 * n)
         self._bpf = isolate.seccomp_program(self.backend.name)
-        self._workers = [_WorkerProcess(self.backend, i, self._python, self._bpf)
-                         for i in range(n)]
-        self._threads = [threading.Thread(target=self._dispatch, args=(i,), daemon=True,
-                                          name=f"sandbox-{i}") for i in range(n)]
+        self.cpu_slots = n
+        self.max_slots = max(n, MAX_SLOTS if max_slots is None else max_slots)
+        self._idle_s = idle_s
+        self._by_uid = self.backend.name in ("forkserver", "bwrap")  # one uid per slot
+        self._cv = threading.Condition()
+        self._slots: list[_Slot] = []
+        self._cpu_free = n  # CPU budget left: a run holds one unit unless it is seen waiting
+        self._idle = self._starting = self._token_waiters = self._next = 0
         self._closed = False
-        for t in self._threads:
-            t.start()
+        self.peak_slots = 0
+        for _ in range(n):
+            self._add_slot(extra=False)
+        for slot in list(self._slots):
+            slot.ready.wait()
+        failed = [s.error for s in self._slots if s.error is not None]
+        if failed or len(self._slots) < n:
+            self.close()
+            raise failed[0] if failed else UserError("sandbox workers failed to start")
+        self._governor = None
+        if self.max_slots > n:
+            self._governor = threading.Thread(target=self._govern, daemon=True,
+                                              name="sandbox-governor")
+            self._governor.start()
 
     @property
     def name(self) -> str:
         return self.backend.name
+
+    @property
+    def _workers(self) -> list[_WorkerProcess]:
+        """The live slots' worker processes, in slot order."""
+        with self._cv:
+            return [s.worker for s in self._slots if s.worker is not None]
+
+    @property
+    def slots(self) -> int:
+        with self._cv:
+            return len(self._slots)
 
     def submit(self, job: Job) -> cf.Future:
         if self._closed:
@@ -176,49 +270,160 @@ class Sandbox:
         futures = [self.submit(j) for j in jobs]
         return [f.result() for f in futures]
 
-    def _dispatch(self, i: int) -> None:
+    # -- slots --
+
+    def _add_slot(self, extra: bool) -> None:
+        """(Caller holds ``_cv`` or is the constructor.) The slot's own thread starts its worker:
+        a worker's parent-death signal fires when the thread that started it ends, so that
+        thread must live exactly as long as the worker."""
+        slot = _Slot(self._next, extra)
+        self._next += 1
+        self._slots.append(slot)
+        self._starting += extra
+        self.peak_slots = max(self.peak_slots, len(self._slots))
+        threading.Thread(target=self._slot_main, args=(slot,), daemon=True,
+                         name=f"sandbox-{slot.index}").start()
+
+    def _slot_main(self, slot: _Slot) -> None:
+        try:
+            slot.worker = _WorkerProcess(self.backend, slot.index, self._python, self._bpf)
+        except BaseException as e:  # noqa: BLE001 - the constructor (or nobody) reports it
+            slot.error = e
+        with self._cv:
+            self._starting -= slot.extra
+            if slot.error is not None:
+                self._slots.remove(slot)
+            self._cv.notify_all()
+        slot.ready.set()
+        if slot.error is not None:
+            return
+        try:
+            self._dispatch(slot)
+        finally:
+            with self._cv:
+                self._slots.remove(slot)
+                self._cv.notify_all()
+            slot.worker.close()
+
+    def _dispatch(self, slot: _Slot) -> None:
         while True:
-            item = self._queue.get()
+            with self._cv:
+                self._idle += 1
+            try:
+                item = self._queue.get(timeout=self._idle_s if slot.extra else None)
+            except queue.Empty:
+                item = None  # an extra slot nobody needed for a while: retire
+            finally:
+                with self._cv:
+                    self._idle -= 1
             if item is None:
                 return
             job, fut = item
             if not fut.set_running_or_notify_cancel():
                 continue
+            self._take_cpu(slot)
             try:
-                fut.set_result(self._execute(i, job))
+                fut.set_result(self._execute(slot, job))
             except BaseException as e:  # noqa: BLE001 - the caller gets it
                 fut.set_exception(e)
+            finally:
+                self._release(slot)
 
-    def _execute(self, i: int, job: Job) -> ExecResult:
+    def _take_cpu(self, slot: _Slot) -> None:
+        with self._cv:
+            self._token_waiters += 1
+            while self._cpu_free <= 0:
+                self._cv.wait()
+            self._token_waiters -= 1
+            self._cpu_free -= 1
+            slot.token = slot.busy = True
+            slot.run_id += 1
+            slot.run_pid = slot.sample = None
+
+    def _release(self, slot: _Slot) -> None:
+        with self._cv:
+            self._cpu_free += slot.token
+            slot.token = slot.busy = False
+            slot.run_pid = slot.sample = None
+            self._cv.notify_all()
+
+    def _execute(self, slot: _Slot, job: Job) -> ExecResult:
         nonce = secrets.token_hex(16)
         trusted = json.dumps({"nonce": nonce, "tests": job.tests}).encode()
+
+        def started(pid: int) -> None:
+            slot.run_pid = pid
+
         try:
-            raw = self._workers[i].call(job.untrusted_part(), trusted)
+            raw = slot.worker.call(job.untrusted_part(), trusted, started)
         except (EOFError, BrokenPipeError, OSError) as e:
-            self._restart(i)
+            self._restart(slot)
             raw = {"status": "error", "error": f"sandbox worker died: {e}"}
         result = interpret(job, raw, nonce, self.backend.name)
         if self.audit:
             self.audit.write(job, result)
         return result
 
-    def _restart(self, i: int) -> None:
+    def _restart(self, slot: _Slot) -> None:
         try:
-            self._workers[i].close()
+            slot.worker.close()
         except Exception:  # noqa: BLE001
             pass
-        self._workers[i] = _WorkerProcess(self.backend, i, self._python, self._bpf)
+        slot.worker = _WorkerProcess(self.backend, slot.index, self._python, self._bpf)
+
+    # -- CPU accounting --
+
+    def _govern(self) -> None:
+        """Every ``TICK_S`` while work waits: runs seen not using CPU give their share of the
+        budget back (and take it again when they start computing), and while budget is left
+        and no slot is free an extra slot is started, up to ``max_slots``."""
+        while not self._closed:
+            time.sleep(TICK_S if self._by_uid else 2 * TICK_S)
+            with self._cv:
+                demand = self._queue.qsize() > 0 or self._token_waiters > 0
+                busy = [s for s in self._slots if s.busy and s.worker is not None]
+                if not demand and not self._by_uid:  # (a full /proc scan: only when needed)
+                    for s in busy:
+                        s.sample = None
+                    continue
+                watched = [(s, s.run_id, s.worker.proc.pid, s.run_pid,
+                            s.worker.info.get("uid")) for s in busy]
+            ticks = run_cpu_ticks([w[2:] for w in watched], self._by_uid)
+            now = time.monotonic()
+            with self._cv:
+                for (s, run_id, *_), (t, runnable) in zip(watched, ticks):
+                    if not s.busy or s.run_id != run_id:
+                        continue
+                    if s.sample is None or s.sample[0] != run_id:
+                        s.sample = (run_id, t, now)
+                        continue
+                    if now - s.sample[2] < WINDOW_S:
+                        continue
+                    rate = (t - s.sample[1]) / CLK_TCK / (now - s.sample[2])
+                    # (a runnable process is computing even if others' load starved it)
+                    if s.token and rate < WAITING_BELOW and not runnable:
+                        s.token, self._cpu_free = False, self._cpu_free + 1
+                    elif not s.token and rate > COMPUTING_ABOVE:
+                        s.token, self._cpu_free = True, self._cpu_free - 1
+                    s.sample = (run_id, t, now)
+                wanted = min(self._cpu_free - self._starting,
+                             self._queue.qsize() - self._idle - self._starting,
+                             self.max_slots - len(self._slots))
+                for _ in range(wanted if not self._closed else 0):
+                    self._add_slot(extra=True)
+                self._cv.notify_all()
 
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
-        for _ in self._threads:
+        with self._cv:
+            self._closed = True
+            threads = len(self._slots)
+        for _ in range(threads):
             self._queue.put(None)
-        for t in self._threads:
-            t.join()
-        for w in self._workers:
-            w.close()
+        with self._cv:
+            while self._slots:
+                self._cv.wait(timeout=0.5)
         if self.audit:
             self.audit.close()
 
@@ -227,6 +432,56 @@ class Sandbox:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _stat_ticks(pid: int) -> tuple[int, int, bool] | None:
+    """(parent pid, utime + stime + reaped children's in clock ticks, runnable) of a process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2:].split()
+    return int(fields[1]), sum(int(x) for x in fields[11:15]), fields[0] == b"R"
+
+
+def run_cpu_ticks(runs: list[tuple[int, int | None, int | None]],
+                  by_uid: bool) -> list[tuple[int, bool]]:
+    """(CPU ticks used so far, whether any is runnable now) of each run's live processes;
+    ``runs`` holds (worker pid, run pid, slot uid). With a uid per slot the run's processes are the ones owned by that uid
+    (a cheap stat of each ``/proc`` entry) plus the run's first process (which may be
+    non-dumpable, so root-owned in ``/proc``); otherwise every descendant of the worker."""
+    members: list[set[int]] = [{run} if run else set() for _, run, _ in runs]
+    try:
+        entries = [e for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        entries = []
+    if by_uid:
+        slot_of = {uid: i for i, (_, _, uid) in enumerate(runs) if uid is not None}
+        for e in entries:
+            try:
+                i = slot_of.get(e.stat().st_uid)
+            except OSError:
+                continue
+            if i is not None:
+                members[i].add(int(e.name))
+    elif entries:
+        children: dict[int, list[int]] = {}
+        for e in entries:
+            st = _stat_ticks(int(e.name))
+            if st is not None:
+                children.setdefault(st[0], []).append(int(e.name))
+        for i, (worker, _, _) in enumerate(runs):
+            todo = list(children.get(worker, []))
+            while todo:
+                pid = todo.pop()
+                members[i].add(pid)
+                todo += children.get(pid, [])
+    out = []
+    for m in members:
+        stats = [st for st in map(_stat_ticks, m) if st is not None]
+        out.append((sum(st[1] for st in stats), any(st[2] for st in stats)))
+    return out
 
 
 def interpret(job: Job, raw: dict, nonce: str, backend: str) -> ExecResult:

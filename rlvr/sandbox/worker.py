@@ -121,6 +121,8 @@ class Worker:
         if kernel.LINUX:
             kernel.prctl(kernel.PR_SET_CHILD_SUBREAPER, 1)
             kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
+            if self.cfg.get("owner") and os.getppid() != self.cfg["owner"]:
+                raise SystemExit("the pool that started this worker is gone")  # died meanwhile
         if self.backend in ("forkserver", "bwrap"):
             kernel.unshare(kernel.CLONE_NEWNS | kernel.CLONE_NEWNET)
             kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
@@ -199,6 +201,7 @@ class Worker:
             self._child(job, ws, pipes)  # never returns
         if self.own_pidns is not None:
             kernel.setns(self.own_pidns, kernel.CLONE_NEWPID)
+        write_frame(self.resp, json.dumps({"started": pid}).encode())  # for CPU accounting
         for name, (r, w) in pipes.items():
             os.close(w)
             if name in ("trusted", "stdin"):
@@ -221,12 +224,12 @@ class Worker:
             os.dup2(pipes["out"][1], 1)
             os.dup2(pipes["err"][1], 2)
             if self.plan.pid_namespace and self.own_pidns is None:
-                _relay_into_new_pid_namespace()
+                _relay_into_new_pid_namespace(parent_fd=1)
             keep = [pipes["rep"][1], pipes["trusted"][0]]
             # The weak backend forbids new processes, so a tests job filters after its split.
             split_first = not self.plan.pid_namespace and job["kind"] == "tests"
             isolate.enter(self.plan, ws, job["limits"], keep, landlock=not use_bwrap,
-                          filter_syscalls=not (use_bwrap or split_first))
+                          filter_syscalls=not (use_bwrap or split_first), parent_fd=1)
         except BaseException:  # noqa: BLE001 - never run untrusted code half-isolated
             os.write(2, f"{SETUP_FAILED}: {traceback.format_exc()}".encode())
             harness.flush_and_exit(70)
@@ -235,8 +238,13 @@ class Worker:
                 self._exec(job, ws, use_bwrap)
             os.environ.update({"HOME": ws, "TMPDIR": ws, **job.get("env", {})})
             sys.pycache_prefix = NO_PYCACHE
-            after_fork = (lambda: kernel.seccomp_load_bpf(self.plan.seccomp_bpf)) \
-                if split_first and self.plan.seccomp_bpf else (lambda: None)
+            run_pid = os.getpid()
+
+            def after_fork() -> None:  # in the tests job's two processes, after its split
+                if os.getpid() != run_pid:  # the candidate's process dies with the run
+                    isolate.die_with_parent(parent_pid=run_pid)
+                if split_first and self.plan.seccomp_bpf:
+                    kernel.seccomp_load_bpf(self.plan.seccomp_bpf)
             code = harness.main(job, trusted_fd=pipes["trusted"][0], report_fd=pipes["rep"][1],
                                 after_fork=after_fork)
         except BaseException:  # noqa: BLE001
@@ -373,12 +381,14 @@ def _close(*fds: int) -> None:
             pass
 
 
-def _relay_into_new_pid_namespace() -> None:
-    """Without setns rights (user-namespace workers): fork once more so the run is pid 1."""
+def _relay_into_new_pid_namespace(parent_fd: int) -> None:
+    """Without setns rights (user-namespace workers): fork once more so the run is pid 1. The
+    relay dies with the worker, and the run (which re-arms after isolating) with the relay."""
+    isolate.die_with_parent(parent_fd)
     kernel.unshare(kernel.CLONE_NEWPID)
     pid = os.fork()
     if pid == 0:
-        kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
+        isolate.die_with_parent(parent_fd)
         return
     _, status = os.waitpid(pid, 0)
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 128 + 9)
