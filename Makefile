@@ -52,6 +52,8 @@ bench: setup
 	$(PY) benchmarks/sandbox_snapshot.py --json runs/bench/sandbox_snapshot.json
 	$(PY) benchmarks/rollout_throughput.py --json runs/bench/rollout_throughput.json
 	$(PY) benchmarks/async_vs_sync.py --json runs/bench/async_vs_sync.json
+	$(PY) benchmarks/sandbox_hostile.py --json runs/bench/sandbox_hostile.json
+	$(PY) benchmarks/ray_verify.py --json runs/bench/ray_verify.json
 
 # Model loading on the lowest transformers pyproject.toml allows (the newest is what `make test` gets),
 # in its own venv (.venv-compat).

@@ -11,9 +11,9 @@ and hands it the new weights after each update; it never knows how the batch was
 
 Implementations: ``SyncRollout`` (``rlvr.rollout.sync_rollout``: one phase after the other in
 the caller's thread, with the trainer's own model) and ``AsyncRollout``
-(``rlvr.rollout.async_rollout``: background threads on an engine copy, staleness bounded). Both
-run in the trainer's process; a producer on other processes or machines (not built yet) is meant
-to plug in here by implementing the same four methods.
+(``rlvr.rollout.async_rollout``: background threads on an engine copy, staleness bounded) run in
+the trainer's process; ``RayRollout`` and ``RayAsyncRollout`` (``rlvr.workers.ray_rollout``) are
+the same two with the generate and verify phases on Ray actors (``backend: ray``).
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ the curriculum, rollout and verify phases in this thread with the trainer's own 
 asynchronous mode (``asynchronous.enabled``, docs/async.md) ``AsyncRollout`` generates and
 verifies in background threads on an engine copy, batches at most ``max_staleness`` versions old,
 and the update corrects stale samples with truncated IS weights (``rlvr.algos.off_policy``).
+With ``backend: ray`` the same sources run their generate and verify phases on Ray actors
+(``rlvr.workers``) and ``rlvr.train.ray_train`` runs this loop in a trainer actor.
 """
 
 from __future__ import annotations
