@@ -231,6 +231,11 @@ def test_ray_config_is_checked_and_a_missing_extra_is_named(tiny_model_dir, tmp_
         check_resources(ray, RayConfig(rollout_cpus=0.5, verifier_cpus=0.5, trainer_cpus=0.5, trainer_gpus=1))
     with pytest.raises(UserError, match="nothing answers at 127.0.0.1:1"):
         reachable("127.0.0.1:1", timeout=1.0)
+    from rlvr.cli import _load, build_parser
+
+    args = build_parser().parse_args(["train", "--model", tiny_model_dir, "--backend", "ray", "--ray-address", "head:6379"])
+    cfg = _load(grpo.GRPOConfig, args, eval_section="eval")
+    assert (cfg.backend, cfg.ray.address) == ("ray", "head:6379")
     import builtins
 
     real_import = builtins.__import__
