@@ -11,7 +11,9 @@ Starts a local Ray instance (2 CPUs) and measures, with the sides alternating in
     and with 2 (the same 2 sandbox slots in total, and each pool sized to the machine, the default);
 (b) the Ray path's overhead: (Ray time - in-process time) / n in ms per program, the round trip
     of one actor call with a tiny payload, and of one ``run_jobs`` call with a 32-job chunk minus
-    the same 32 jobs through the in-process pool (what ``chunk_size`` amortises);
+    the same 32 jobs through the in-process pool (what ``chunk_size`` amortises); and the driver's
+    cost per chunk when ``ActorGroup.run`` hands out 100 to 4,000 tiny chunks (its ``ray.wait``
+    loop looks at every pending ref each time), against one ``ray.get`` of the same calls;
 (c) the weight broadcast of ``RayWorkers.push`` (state dict to the object store, loaded and
     canary-checked by every rollout actor) for the benchmark models, 1 and 2 rollout actors.
 
@@ -50,6 +52,7 @@ from rlvr.sandbox.pool import Sandbox
 from rlvr.sandbox.types import Job, Limits
 
 CHUNK = 32
+DRIVER_CHUNKS = (100, 1000, 4000)
 WRONG_SHARE = 0.2
 
 
@@ -116,6 +119,13 @@ def verification(ray, n: int, rounds: int, work: Path) -> dict:
     chunk_local = median_ms(lambda: local.map(chunk), 30)
     trips[f"{CHUNK}-job chunk, run_jobs"] = chunk_ray
     trips[f"{CHUNK}-job chunk, in-process map"] = chunk_local
+    # the driver's cost per chunk of ActorGroup.run (ray.wait over every pending ref) as chunks grow
+    group = services["ray, 2 actors x pool 2"].group
+    driver = []
+    for k in DRIVER_CHUNKS:
+        loop = timed(group.run, "pid", [()] * k)[0]
+        plain = timed(lambda k=k: ray.get([group.actors[i % group.size].pid.remote() for i in range(k)]))[0]
+        driver.append({"chunks": k, "group_run_ms_per_chunk": 1e3 * loop / k, "plain_get_ms_per_call": 1e3 * plain / k})
     for s in services.values():
         s.close()
     local.close()
@@ -133,7 +143,7 @@ def verification(ray, n: int, rounds: int, work: Path) -> dict:
                      "right": f"{right[name]}/{n * rounds}", "per_round_s": [round(t, 3) for t in ts]})
     return {"n": n, "rounds": rounds, "chunk_size": CHUNK, "wrong_share": WRONG_SHARE,
             "all_results_right": all(v == n * rounds for v in right.values()), "sides": rows,
-            "round_trip_ms": trips, "chunk_overhead_ms": chunk_ray - chunk_local,
+            "round_trip_ms": trips, "chunk_overhead_ms": chunk_ray - chunk_local, "driver_per_chunk": driver,
             "speedup_2_actors_vs_1": one / statistics.median(times["ray, 2 actors x pool 2"])}
 
 
@@ -201,6 +211,8 @@ def main() -> int:
     print("\n(b) one call at a time, median ms: "
           + ", ".join(f"{k} {ms:.2f}" for k, ms in v["round_trip_ms"].items())
           + f"; a chunk's Ray overhead {v['chunk_overhead_ms']:.2f} ms ({v['chunk_overhead_ms'] / CHUNK:.3f} ms/job)")
+    print("\n(b) the driver's cost per chunk, tiny calls on 2 actors: ActorGroup.run against one ray.get of them all")
+    print_table(v["driver_per_chunk"], ["chunks", "group_run_ms_per_chunk", "plain_get_ms_per_call"])
     if push:
         print(f"\n(c) RayWorkers.push, median of {args.push_repeats}")
         print_table(push, ["model", "params_m", "state_dict_mb", "rollout_actors", "push_ms"])
