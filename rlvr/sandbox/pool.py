@@ -46,8 +46,9 @@ from rlvr.sandbox.types import ExecResult, Job
 UID_BASE, UID_COUNT = 61000, 1000
 MAX_SLOTS = 64  # slots in all (default): the pre-warmed ones plus extras for waiting runs
 IDLE_S = 30.0  # an extra slot idle this long retires
-TICK_S = 0.05  # CPU accounting period (twice that where it needs a full /proc scan)
-WINDOW_S = 0.1  # the shortest window a run's CPU use is judged over
+TICK_S = 0.005  # how often, while work waits, the runs holding CPU shares are looked at
+SCAN_EVERY = 4  # ticks between finding every busy run's processes (x5 without slot uids)
+WINDOW_S = 0.03  # the shortest window a run's CPU use is judged over (from its fork, at first)
 WAITING_BELOW = 0.2  # a run using less of a core than this over a period is waiting ...
 COMPUTING_ABOVE = 0.5  # ... and one using more than this is computing
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -192,6 +193,9 @@ class _Slot:
         self.run_id = 0  # bumped per job, so a CPU sample never spans two runs
         self.run_pid: int | None = None  # the run's first process (reported by the worker)
         self.sample: tuple[int, int, float] | None = None  # (run_id, ticks, time)
+        self.members: set[int] = set()  # the run's processes at the last full scan
+        self.quiet = 0  # consecutive looks with none of them runnable
+        self.held = False  # took its share back this run: only CPU time gives it away again
 
 
 class Sandbox:
@@ -339,6 +343,7 @@ class Sandbox:
             slot.token = slot.busy = True
             slot.run_id += 1
             slot.run_pid = slot.sample = None
+            slot.members, slot.quiet, slot.held = set(), 0, False
 
     def _release(self, slot: _Slot) -> None:
         with self._cv:
@@ -351,8 +356,8 @@ class Sandbox:
         nonce = secrets.token_hex(16)
         trusted = json.dumps({"nonce": nonce, "tests": job.tests}).encode()
 
-        def started(pid: int) -> None:
-            slot.run_pid = pid
+        def started(pid: int) -> None:  # a fresh process has used no CPU yet: the baseline
+            slot.run_pid, slot.sample = pid, (slot.run_id, 0, time.monotonic())
 
         try:
             raw = slot.worker.call(job.untrusted_part(), trusted, started)
@@ -374,44 +379,62 @@ class Sandbox:
     # -- CPU accounting --
 
     def _govern(self) -> None:
-        """Every ``TICK_S`` while work waits: runs seen not using CPU give their share of the
-        budget back (and take it again when they start computing), and while budget is left
-        and no slot is free an extra slot is started, up to ``max_slots``."""
+        """While work waits: runs seen not using CPU give their share of the budget back (and
+        take it again when they compute), and while budget is left and no slot is free, extra
+        slots are started, up to ``max_slots``. Every ``TICK_S`` the runs holding a share are
+        looked at (their known processes' states: twice in a row none runnable gives it back);
+        every ``SCAN_EVERY`` ticks all the busy runs' processes are found and their CPU time
+        over the window decides both ways."""
+        tick = 0
+        scan_every = SCAN_EVERY if self._by_uid else 5 * SCAN_EVERY  # a full /proc scan there
         while not self._closed:
-            time.sleep(TICK_S if self._by_uid else 2 * TICK_S)
+            time.sleep(TICK_S)
+            tick += 1
+            full = tick % scan_every == 0
             with self._cv:
-                demand = self._queue.qsize() > 0 or self._token_waiters > 0
-                busy = [s for s in self._slots if s.busy and s.worker is not None]
-                if not demand and not self._by_uid:  # (a full /proc scan: only when needed)
-                    for s in busy:
-                        s.sample = None
+                if not (self._queue.qsize() > 0 or self._token_waiters > 0):
                     continue
-                watched = [(s, s.run_id, s.worker.proc.pid, s.run_pid,
-                            s.worker.info.get("uid")) for s in busy]
-            ticks = run_cpu_ticks([w[2:] for w in watched], self._by_uid)
+                busy = [s for s in self._slots if s.busy and s.worker is not None
+                        and (full or (s.token and not s.held and s.run_pid))]
+                watched = [(s, s.run_id, (s.worker.proc.pid, s.run_pid, s.worker.info.get("uid")),
+                            s.members) for s in busy]
+            if full:
+                found = run_members([w[2] for w in watched], self._by_uid)
+            else:
+                found = [members | {run} for (_, _, (_, run, _), members) in watched]
+            stats = [cpu_ticks(m) for m in found]
             now = time.monotonic()
             with self._cv:
-                for (s, run_id, *_), (t, runnable) in zip(watched, ticks):
-                    if not s.busy or s.run_id != run_id:
-                        continue
-                    if s.sample is None or s.sample[0] != run_id:
-                        s.sample = (run_id, t, now)
-                        continue
-                    if now - s.sample[2] < WINDOW_S:
-                        continue
-                    rate = (t - s.sample[1]) / CLK_TCK / (now - s.sample[2])
-                    # (a runnable process is computing even if others' load starved it)
-                    if s.token and rate < WAITING_BELOW and not runnable:
-                        s.token, self._cpu_free = False, self._cpu_free + 1
-                    elif not s.token and rate > COMPUTING_ABOVE:
-                        s.token, self._cpu_free = True, self._cpu_free - 1
-                    s.sample = (run_id, t, now)
+                for (s, run_id, _, _), members, (t, runnable) in zip(watched, found, stats):
+                    if s.busy and s.run_id == run_id:
+                        self._judge(s, members if full else None, t, runnable, now)
                 wanted = min(self._cpu_free - self._starting,
                              self._queue.qsize() - self._idle - self._starting,
                              self.max_slots - len(self._slots))
                 for _ in range(wanted if not self._closed else 0):
                     self._add_slot(extra=True)
                 self._cv.notify_all()
+
+    def _judge(self, s: _Slot, members: set[int] | None, t: int, runnable: bool,
+               now: float) -> None:
+        """(Holding ``_cv``.) Update one busy slot's share from a look at its run's processes:
+        ``members`` (all of them) on a full scan, None on a quick look."""
+        s.quiet = 0 if runnable else s.quiet + 1
+        if members is None:  # quick: only ever gives a share back, once per run
+            if s.token and not s.held and s.quiet >= 2:
+                s.token, self._cpu_free = False, self._cpu_free + 1
+            return
+        s.members = members
+        if s.sample is None or now - s.sample[2] < WINDOW_S:
+            s.sample = s.sample or (s.run_id, t, now)
+            return
+        rate = (t - s.sample[1]) / CLK_TCK / (now - s.sample[2])
+        # (a runnable process is computing even if others' load starved it)
+        if s.token and rate < WAITING_BELOW and not runnable:
+            s.token, self._cpu_free = False, self._cpu_free + 1
+        elif not s.token and rate > COMPUTING_ABOVE:
+            s.token, self._cpu_free, s.held = True, self._cpu_free - 1, True
+        s.sample = (s.run_id, t, now)
 
     def close(self) -> None:
         if self._closed:
@@ -445,12 +468,11 @@ def _stat_ticks(pid: int) -> tuple[int, int, bool] | None:
     return int(fields[1]), sum(int(x) for x in fields[11:15]), fields[0] == b"R"
 
 
-def run_cpu_ticks(runs: list[tuple[int, int | None, int | None]],
-                  by_uid: bool) -> list[tuple[int, bool]]:
-    """(CPU ticks used so far, whether any is runnable now) of each run's live processes;
-    ``runs`` holds (worker pid, run pid, slot uid). With a uid per slot the run's processes are the ones owned by that uid
-    (a cheap stat of each ``/proc`` entry) plus the run's first process (which may be
-    non-dumpable, so root-owned in ``/proc``); otherwise every descendant of the worker."""
+def run_members(runs: list[tuple[int, int | None, int | None]], by_uid: bool) -> list[set[int]]:
+    """The live processes of each run; ``runs`` holds (worker pid, run pid, slot uid). With a
+    uid per slot they are the ones owned by that uid (a cheap stat of each ``/proc`` entry) plus
+    the run's first process (which may be non-dumpable, so root-owned in ``/proc``); otherwise
+    every descendant of the worker (a read of every process's ``stat``)."""
     members: list[set[int]] = [{run} if run else set() for _, run, _ in runs]
     try:
         entries = [e for e in os.scandir("/proc") if e.name.isdigit()]
@@ -465,23 +487,25 @@ def run_cpu_ticks(runs: list[tuple[int, int | None, int | None]],
                 continue
             if i is not None:
                 members[i].add(int(e.name))
-    elif entries:
-        children: dict[int, list[int]] = {}
-        for e in entries:
-            st = _stat_ticks(int(e.name))
-            if st is not None:
-                children.setdefault(st[0], []).append(int(e.name))
-        for i, (worker, _, _) in enumerate(runs):
-            todo = list(children.get(worker, []))
-            while todo:
-                pid = todo.pop()
-                members[i].add(pid)
-                todo += children.get(pid, [])
-    out = []
-    for m in members:
-        stats = [st for st in map(_stat_ticks, m) if st is not None]
-        out.append((sum(st[1] for st in stats), any(st[2] for st in stats)))
-    return out
+        return members
+    children: dict[int, list[int]] = {}
+    for e in entries:
+        st = _stat_ticks(int(e.name))
+        if st is not None:
+            children.setdefault(st[0], []).append(int(e.name))
+    for i, (worker, _, _) in enumerate(runs):
+        todo = list(children.get(worker, []))
+        while todo:
+            pid = todo.pop()
+            members[i].add(pid)
+            todo += children.get(pid, [])
+    return members
+
+
+def cpu_ticks(pids: set[int]) -> tuple[int, bool]:
+    """(CPU ticks used so far, whether any is runnable now) of these processes (gone ones: 0)."""
+    stats = [st for st in map(_stat_ticks, pids) if st is not None]
+    return sum(st[1] for st in stats), any(st[2] for st in stats)
 
 
 def interpret(job: Job, raw: dict, nonce: str, backend: str) -> ExecResult:
