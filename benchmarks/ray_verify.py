@@ -8,7 +8,9 @@ Starts a local Ray instance (2 CPUs) and measures, with the sides alternating in
     functions on 5 hidden inputs, 80% correct, 20% wrong; every result is checked against what it
     should be) through ``Sandbox.map`` in this process (the reference) and through
     ``VerificationService`` with 1 verifier actor (a pool of 2 workers, as many as cores, and of 3)
-    and with 2 (the same 2 sandbox slots in total, and each pool sized to the machine, the default);
+    and with 2 (pools of 1: the same 2 slots in total; pools of 2: each sized to the machine's
+    cores, as ``sandbox.workers: 0`` does). Every pool is fixed (``max_slots`` = ``workers``): the
+    elastic pool's extra slots are for runs that wait, and these short CPU-bound jobs do not;
 (b) the Ray path's overhead: (Ray time - in-process time) / n in ms per program, the round trip
     of one actor call with a tiny payload, and of one ``run_jobs`` call with a 32-job chunk minus
     the same 32 jobs through the in-process pool (what ``chunk_size`` amortises); and the driver's
@@ -94,9 +96,9 @@ def verification(ray, n: int, rounds: int, work: Path) -> dict:
     # (actors, sandbox workers per actor's pool); 0.3 CPU each keeps all six actors up on 2 CPUs
     configs = {"ray, 1 actor x pool 2": (1, 2), "ray, 1 actor x pool 3": (1, 3), "ray, 2 actors x pool 1": (2, 1),
                "ray, 2 actors x pool 2": (2, 2)}
-    local = Sandbox(workers=2)
+    local = Sandbox(workers=2, max_slots=2)
     services = {name: VerificationService(RayConfig(verifier_workers=k, verifier_cpus=0.3),
-                                          SandboxConfig(workers=w, audit=False),
+                                          SandboxConfig(workers=w, max_slots=w, audit=False),
                                           work_dir=work / f"service-{k}x{w}", chunk_size=CHUNK)
                 for name, (k, w) in configs.items()}
     sides = {"in-process Sandbox.map, pool 2": local.map, **{name: s.map for name, s in services.items()}}
