@@ -1,7 +1,7 @@
 """Verification with hostile programs: a batch in which some programs sleep past the wall limit.
 
     python benchmarks/sandbox_hostile.py [--n 1000] [--sleepers 150] [--wall 2] [--workers 2]
-                                         [--rounds 3] [--fixed] [--json PATH]
+                                         [--max-slots 64] [--rounds 3] [--fixed] [--json PATH]
 
 Verifies ``n`` candidate programs for small io-style code tasks (the function shapes of
 ``code_verify.py``, 5 hidden inputs each) with ``CodeVerifier.check_many`` (one ``Sandbox.map``)
@@ -13,8 +13,8 @@ on the strict backend, with a task timeout (wall limit) of ``--wall`` seconds. T
   same count).
 
 Both sides run alternately, ``--rounds`` times each, each on a fresh pool of ``--workers``
-pre-warmed slots with the default ``max_slots`` (so the sleepers' side pays for the extra slots it
-starts). Reported: medians, every trial, the verdicts (every sleeper must time out, every other
+pre-warmed slots and ``--max-slots`` in all (default: ``sandbox.max_slots``'s, 64), so the
+sleepers' side pays for the extra slots it starts. Reported: medians, every trial, the verdicts (every sleeper must time out, every other
 program must pass), peak slots, idle CPU before and during. The acceptance bound is
 ``with < without + 3 x wall``. ``--fixed`` adds one trial of the old behaviour for contrast: the
 pool capped at one slot per worker (``max_slots = workers``), with sleepers.
@@ -36,6 +36,7 @@ from code_verify import _pct, make_function, timed  # benchmarks/ is on sys.path
 
 from rlvr.monitor.cpu import idle_cpu
 from rlvr.sandbox import Sandbox, choose, plaindata
+from rlvr.sandbox.config import SandboxConfig
 from rlvr.types import Spec, Task
 from rlvr.verifiers.code import CodeVerifier, use_sandbox
 
@@ -60,7 +61,7 @@ def make_cases(n: int, sleepers: int, wall: float, seed: int = 0) -> list[dict]:
     return cases
 
 
-def run_side(cases: list[dict], with_sleepers: bool, workers: int, max_slots: int | None) -> dict:
+def run_side(cases: list[dict], with_sleepers: bool, workers: int, max_slots: int) -> dict:
     pairs = [(c["task"], f"```python\n{c['sleeper'] if with_sleepers and c['sleeps'] else c['reference']}```\n")
              for c in cases]
     verifier = CodeVerifier()
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sleepers", type=int, default=150, help="sleeping programs (default 150)")
     parser.add_argument("--wall", type=float, default=2.0, help="task timeout, s (default 2)")
     parser.add_argument("--workers", type=int, default=2, help="pre-warmed slots (default 2)")
+    parser.add_argument("--max-slots", type=int, default=SandboxConfig().max_slots,
+                        help="slots in all (default: sandbox.max_slots's default)")
     parser.add_argument("--rounds", type=int, default=3, help="trials per side (default 3)")
     parser.add_argument("--fixed", action="store_true",
                         help="also one trial with max_slots = workers (the old fixed pool)")
@@ -100,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = make_cases(args.n, args.sleepers, args.wall)
     trials: dict[str, list[dict]] = {"with sleepers": [], "without sleepers": []}
     for _ in range(args.rounds):  # alternated, so both sides see the same background load
-        trials["with sleepers"].append(run_side(cases, True, args.workers, None))
-        trials["without sleepers"].append(run_side(cases, False, args.workers, None))
+        trials["with sleepers"].append(run_side(cases, True, args.workers, args.max_slots))
+        trials["without sleepers"].append(run_side(cases, False, args.workers, args.max_slots))
     fixed = run_side(cases, True, args.workers, args.workers) if args.fixed else None
 
     med = {side: statistics.median(t["wall_s"] for t in ts) for side, ts in trials.items()}

@@ -167,3 +167,26 @@ def test_spinners_are_killed_by_cpu_time_under_contention(strict_backend):
         assert r.status == "killed" and r.signal in (signal.SIGXCPU, signal.SIGKILL), r.status
         assert 0.9 <= r.cpu_s <= 1.3, r.cpu_s
     assert [r.status for r in results[3:]] == ["timeout"] * 3
+
+
+def test_pool_works_on_when_extra_slots_cannot_start(strict_backend, monkeypatch):
+    # No free uid for an extra slot, say: the jobs still run on the pre-warmed slots, and the
+    # pool does not retry the start on every accounting tick.
+    from rlvr.errors import UserError
+    from rlvr.sandbox import pool
+
+    calls = []
+
+    def refuse(*args, **kwargs):
+        calls.append(1)
+        raise UserError("no free sandbox uid")
+
+    limits = Limits(wall_s=0.5, cpu_s=1)
+    with Sandbox(workers=2, max_slots=8) as sb:
+        monkeypatch.setattr(pool, "_WorkerProcess", refuse)
+        jobs = [_io(SLEEPER, 0, limits) for _ in range(2)] + [_io(FAST, i, limits) for i in range(6)]
+        results = sb.map(jobs)
+        monkeypatch.undo()
+    assert [r.status for r in results[:2]] == ["timeout"] * 2
+    assert [r.compare([i * 3 + 1]) for i, r in enumerate(results[2:])] == [1] * 6
+    assert 1 <= len(calls) <= 4, len(calls)

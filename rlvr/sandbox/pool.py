@@ -44,10 +44,10 @@ from rlvr.sandbox.audit import AuditLog
 from rlvr.sandbox.types import ExecResult, Job
 
 UID_BASE, UID_COUNT = 61000, 1000
-MAX_SLOTS = 64  # slots in all (default): the pre-warmed ones plus extras for waiting runs
 IDLE_S = 30.0  # an extra slot idle this long retires
+RETRY_S = 5.0  # after an extra slot failed to start, the pool waits this long to try again
 TICK_S = 0.005  # how often, while work waits, the runs holding CPU shares are looked at
-SCAN_EVERY = 4  # ticks between finding every busy run's processes (x5 without slot uids)
+SCAN_EVERY = 4  # ticks between finding the share holders' processes (x5 without slot uids)
 WINDOW_S = 0.03  # the shortest window a run's CPU use is judged over (from its fork, at first)
 WAITING_BELOW = 0.2  # a run using less of a core than this over a period is waiting ...
 COMPUTING_ABOVE = 0.5  # ... and one using more than this is computing
@@ -204,10 +204,11 @@ class Sandbox:
                  queue_size: int | None = None, python: str | None = None,
                  max_slots: int | None = None, idle_s: float = IDLE_S):
         """``workers`` pre-warmed slots (default one per core, at most 8) are also the CPU
-        budget: at most that many runs use CPU at once. ``max_slots`` (default
-        ``MAX_SLOTS``, never below ``workers``) caps the slots in all: while jobs wait, a run
-        that is not using CPU (sleeping, blocked) gives its share of the budget back and an
-        extra slot is started for the waiting work. Extra slots idle for ``idle_s`` retire."""
+        budget: at most that many runs use CPU at once. ``max_slots`` caps the slots in all
+        (default, or below ``workers``: ``workers``, a fixed pool as before; ``sandbox.max_slots``
+        defaults to 64): while jobs wait, a run that is not using CPU (sleeping, blocked) gives
+        its share of the budget back and an extra slot is started for the waiting work. Extra
+        slots idle for ``idle_s`` retire."""
         self.backend = detect.choose(backend)
         if not self.backend.strict:
             message = ("sandbox: only the weak backend is available here; it does not "
@@ -222,7 +223,7 @@ class Sandbox:
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size or 4 * n)
         self._bpf = isolate.seccomp_program(self.backend.name)
         self.cpu_slots = n
-        self.max_slots = max(n, MAX_SLOTS if max_slots is None else max_slots)
+        self.max_slots = max(n, max_slots or n)
         self._idle_s = idle_s
         self._by_uid = self.backend.name in ("forkserver", "bwrap")  # one uid per slot
         self._cv = threading.Condition()
@@ -230,6 +231,7 @@ class Sandbox:
         self._cpu_free = n  # CPU budget left: a run holds one unit unless it is seen waiting
         self._idle = self._starting = self._token_waiters = self._next = 0
         self._closed = False
+        self._grow_after = 0.0  # after an extra slot failed to start, no new ones until then
         self.peak_slots = 0
         for _ in range(n):
             self._add_slot(extra=False)
@@ -297,6 +299,8 @@ class Sandbox:
             self._starting -= slot.extra
             if slot.error is not None:
                 self._slots.remove(slot)
+                if slot.extra:  # (no free uid, say): the pool works on with what it has
+                    self._grow_after = time.monotonic() + RETRY_S
             self._cv.notify_all()
         slot.ready.set()
         if slot.error is not None:
@@ -304,10 +308,12 @@ class Sandbox:
         try:
             self._dispatch(slot)
         finally:
-            with self._cv:
-                self._slots.remove(slot)
-                self._cv.notify_all()
-            slot.worker.close()
+            try:
+                slot.worker.close()
+            finally:
+                with self._cv:
+                    self._slots.remove(slot)
+                    self._cv.notify_all()
 
     def _dispatch(self, slot: _Slot) -> None:
         while True:
@@ -383,19 +389,22 @@ class Sandbox:
         take it again when they compute), and while budget is left and no slot is free, extra
         slots are started, up to ``max_slots``. Every ``TICK_S`` the runs holding a share are
         looked at (their known processes' states: twice in a row none runnable gives it back);
-        every ``SCAN_EVERY`` ticks all the busy runs' processes are found and their CPU time
-        over the window decides both ways."""
+        every ``SCAN_EVERY`` ticks their processes are found and their CPU time over the window
+        decides, and every ``5 * SCAN_EVERY`` ticks that of the runs without a share (which
+        take one back if they compute)."""
         tick = 0
         scan_every = SCAN_EVERY if self._by_uid else 5 * SCAN_EVERY  # a full /proc scan there
         while not self._closed:
             time.sleep(TICK_S)
             tick += 1
             full = tick % scan_every == 0
+            everyone = tick % (5 * scan_every) == 0  # the runs without a share: less often
             with self._cv:
                 if not (self._queue.qsize() > 0 or self._token_waiters > 0):
                     continue
                 busy = [s for s in self._slots if s.busy and s.worker is not None
-                        and (full or (s.token and not s.held and s.run_pid))]
+                        and (everyone or (full and s.token)
+                             or (s.token and not s.held and s.run_pid))]
                 watched = [(s, s.run_id, (s.worker.proc.pid, s.run_pid, s.worker.info.get("uid")),
                             s.members) for s in busy]
             if full:
@@ -411,7 +420,9 @@ class Sandbox:
                 wanted = min(self._cpu_free - self._starting,
                              self._queue.qsize() - self._idle - self._starting,
                              self.max_slots - len(self._slots))
-                for _ in range(wanted if not self._closed else 0):
+                if self._closed or now < self._grow_after:
+                    wanted = 0
+                for _ in range(wanted):
                     self._add_slot(extra=True)
                 self._cv.notify_all()
 
