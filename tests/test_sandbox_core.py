@@ -12,7 +12,7 @@ from rlvr.errors import UserError
 from rlvr.sandbox import Job, Limits, Sandbox, choose, detect, plaindata
 from rlvr.sandbox.audit import read_audit
 from rlvr.sandbox.harness import count_tests
-from rlvr.sandbox.pool import interpret
+from rlvr.sandbox.verdict import interpret
 from rlvr.sandbox.worker import Capture
 
 ADD = "def add(a, b):\n    return a + b\n"

@@ -24,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from rlvr.monitor.cpu import idle_cpu
 from rlvr.sandbox import harness, plaindata
-from rlvr.sandbox.pool import Sandbox, interpret
+from rlvr.sandbox.pool import Sandbox
+from rlvr.sandbox.verdict import interpret
 from rlvr.sandbox.types import ExecResult, Job, Limits
 
 PROGRAM = '''

@@ -39,9 +39,11 @@ import time
 import warnings
 
 from rlvr.errors import UserError
-from rlvr.sandbox import detect, harness, isolate, plaindata
+from rlvr.sandbox import detect, isolate
 from rlvr.sandbox.audit import AuditLog
+from rlvr.sandbox.cpu_use import cpu_ticks, run_members
 from rlvr.sandbox.types import ExecResult, Job
+from rlvr.sandbox.verdict import interpret
 
 UID_BASE, UID_COUNT = 61000, 1000
 IDLE_S = 30.0  # an extra slot idle this long retires
@@ -466,124 +468,3 @@ class Sandbox:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _stat_ticks(pid: int) -> tuple[int, int, bool] | None:
-    """(parent pid, utime + stime + reaped children's in clock ticks, runnable) of a process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    fields = data[data.rindex(b")") + 2:].split()
-    return int(fields[1]), sum(int(x) for x in fields[11:15]), fields[0] == b"R"
-
-
-def run_members(runs: list[tuple[int, int | None, int | None]], by_uid: bool) -> list[set[int]]:
-    """The live processes of each run; ``runs`` holds (worker pid, run pid, slot uid). With a
-    uid per slot they are the ones owned by that uid (a cheap stat of each ``/proc`` entry) plus
-    the run's first process (which may be non-dumpable, so root-owned in ``/proc``); otherwise
-    every descendant of the worker (a read of every process's ``stat``)."""
-    members: list[set[int]] = [{run} if run else set() for _, run, _ in runs]
-    try:
-        entries = [e for e in os.scandir("/proc") if e.name.isdigit()]
-    except OSError:
-        entries = []
-    if by_uid:
-        slot_of = {uid: i for i, (_, _, uid) in enumerate(runs) if uid is not None}
-        for e in entries:
-            try:
-                i = slot_of.get(e.stat().st_uid)
-            except OSError:
-                continue
-            if i is not None:
-                members[i].add(int(e.name))
-        return members
-    children: dict[int, list[int]] = {}
-    for e in entries:
-        st = _stat_ticks(int(e.name))
-        if st is not None:
-            children.setdefault(st[0], []).append(int(e.name))
-    for i, (worker, _, _) in enumerate(runs):
-        todo = list(children.get(worker, []))
-        while todo:
-            pid = todo.pop()
-            members[i].add(pid)
-            todo += children.get(pid, [])
-    return members
-
-
-def cpu_ticks(pids: set[int]) -> tuple[int, bool]:
-    """(CPU ticks used so far, whether any is runnable now) of these processes (gone ones: 0)."""
-    stats = [st for st in map(_stat_ticks, pids) if st is not None]
-    return sum(st[1] for st in stats), any(st[2] for st in stats)
-
-
-def interpret(job: Job, raw: dict, nonce: str, backend: str) -> ExecResult:
-    """The trusted reading of a worker's raw result: nonce, counts and plain-data outputs."""
-    result = ExecResult(
-        status=raw.get("status", "error"), backend=backend, exit_code=raw.get("exit_code"),
-        signal=raw.get("signal"), stdout=raw.get("stdout", ""), stderr=raw.get("stderr", ""),
-        output_bytes=raw.get("output_bytes", 0), truncated=raw.get("truncated", False),
-        duration_s=raw.get("duration_s", 0.0), cpu_s=raw.get("cpu_s", 0.0),
-        max_rss_kb=raw.get("max_rss_kb", 0), tampered=raw.get("tampered", []),
-        error=raw.get("error", ""),
-    )
-    lines, forged = [], 0
-    for line in raw.get("report", "").splitlines():
-        head, _, body = line.partition(" ")
-        if head != nonce:
-            forged += 1
-            continue
-        try:
-            lines.append(json.loads(body))
-        except ValueError:
-            forged += 1
-    if job.kind == "io":
-        _read_io(job, result, lines, forged)
-    elif job.kind == "tests":
-        _read_tests(job, result, lines, forged)
-    else:
-        result.report_ok = result.status == "ok"
-    return result
-
-
-def _read_io(job: Job, result: ExecResult, lines: list[dict], forged: int) -> None:
-    n = len(job.inputs)
-    outputs: list[dict] = [{"error": "no output"} for _ in range(n)]
-    seen, done = set(), False
-    for msg in lines:
-        if "load_error" in msg:
-            outputs = [{"error": "load: " + str(msg["load_error"])} for _ in range(n)]
-        elif msg.get("done") == n:
-            done = True
-        elif isinstance(msg.get("i"), int) and 0 <= msg["i"] < n and msg["i"] not in seen:
-            seen.add(msg["i"])
-            if "ok" in msg:
-                try:
-                    outputs[msg["i"]] = {"ok": plaindata.decode(msg["ok"])}
-                except plaindata.NotPlainData as e:
-                    outputs[msg["i"]] = {"error": str(e)}
-            else:
-                outputs[msg["i"]] = {"error": str(msg.get("error", "error"))[:300]}
-    result.outputs = outputs
-    result.report_ok = done and forged == 0 and len(seen) == n
-
-
-def _read_tests(job: Job, result: ExecResult, lines: list[dict], forged: int) -> None:
-    try:
-        result.tests_total = harness.count_tests(job.tests)
-    except SyntaxError as e:
-        result.tests_total, result.error = 0, f"tests do not parse: {e}"
-    if len(lines) != 1 or forged:
-        result.report_ok = False
-        result.tests_passed, result.tests_failed = 0, result.tests_total
-        if not lines:
-            result.failures = ["no report from the test harness"]
-        return
-    msg = lines[0]
-    passed, failed = msg.get("passed"), msg.get("failed")
-    result.report_ok = type(passed) is int and type(failed) is int
-    result.tests_passed = passed if result.report_ok else 0
-    result.tests_failed = failed if result.report_ok else result.tests_total
-    result.failures = [str(f)[:300] for f in msg.get("failures", [])][:20]
