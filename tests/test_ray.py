@@ -157,6 +157,38 @@ def test_a_lost_trainer_resumes_from_its_last_checkpoint(tiny_model_dir, local_r
     _same_metrics(read_metrics(local_run), read_metrics(out))  # every step once, as if never lost
 
 
+def test_the_canary_on_a_rollout_actor_refuses_weights_that_are_not_the_pushed_ones(tiny_model_dir):
+    import torch
+
+    from rlvr.model.load import load_model_and_tokenizer
+    from rlvr.rollout.engine import SamplingParams
+    from rlvr.rollout.weights import StaleWeightsError, canary_ids, probe
+    from rlvr.sandbox.config import SandboxConfig
+    from rlvr.workers.actors import RolloutWorker
+
+    model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
+    ids = canary_ids(model.config.vocab_size)
+    expected = probe(model, ids)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    lost: list[dict] = []
+    actor_cls = ray.remote(RolloutWorker).options(num_cpus=0.5)
+    group = ActorGroup("rollout", lambda i: actor_cls.remote(model, tokenizer, SamplingParams(), 8, None,
+                                                             SandboxConfig(), "/tmp", 1), 1, max_retries=1, log=lost.append)
+    try:
+        assert group.broadcast("load", (1, state, expected, ids, 1e-4)) == [1]
+        skipped = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v for k, v in state.items()}
+        with pytest.raises(StaleWeightsError, match="trainer pushed version 2"):  # an update the probe never saw
+            group.broadcast("load", (2, skipped, expected, ids, 1e-4))
+        with pytest.raises(StaleWeightsError, match="version 1 serves -1"):  # nothing after a failed load
+            group.run("generate", [([], 1, torch.Generator().get_state())])
+        group.broadcast("load", (1, state, expected, ids, 1e-4))
+        with pytest.raises(StaleWeightsError, match="version 5 serves 1"):  # a chunk for a version it does not serve
+            group.run("generate", [([], 5, torch.Generator().get_state())])
+        assert not lost and group.retries == 0  # errors of the work itself are not retried
+    finally:
+        group.close()
+
+
 def _sandbox_run_pids() -> list[int]:
     """Processes running as a sandbox slot uid (``rlvr.sandbox.pool.UID_BASE`` ...): runs."""
     from rlvr.sandbox.pool import UID_BASE, UID_COUNT

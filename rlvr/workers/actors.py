@@ -50,8 +50,9 @@ class RolloutWorker:
 
     def load(self, version: int, state: dict, expected: torch.Tensor, ids: list[int], tolerance: float) -> int:
         """Serve ``version``: load its weights, then the canary against the trainer's probe."""
+        previous, self.version = self.version, -1  # a load that fails its canary serves nothing
         self.model.load_state_dict(state)
-        check_canary(self.model, ids, expected, version, self.version, tolerance)
+        check_canary(self.model, ids, expected, version, previous, tolerance)
         self.version = version
         return version
 
