@@ -1,8 +1,12 @@
 """A lean decoder for Llama-layout Hugging Face models: the fast path of ``rollout/engine.py``.
 
-- ``unsupported_reason(model)`` says why a model does not fit (the engine then runs the Hugging
-  Face forward, ``rollout/hf_backend.py``): it takes ``LlamaForCausalLM`` and models of the same
-  layout (Mistral or Qwen2 without sliding window, q/k/v biases allowed).
+- ``fast_path_reason(config, longest)`` says from a config why a family does not fit, and
+  ``unsupported_reason(model, longest)`` adds the checks of the loaded modules (the engine then
+  runs the Hugging Face forward, ``rollout/hf_backend.py``): it takes ``LlamaForCausalLM`` and
+  models of the same layout (Qwen2, q/k/v biases allowed; Mistral or Qwen2 whose sliding window
+  is no shorter than the longest sequence of the call). Every other family falls back, with its
+  reason in ``_FALLBACK`` (Qwen3's q/k norms, Gemma 2/3's soft-capping, windows and scaled
+  embeddings, Phi-3's fused projections, MoE MLPs); docs/architectures.md.
 - ``FastLlama(model)`` reads the weights from the model's modules once per ``generate`` call
   (``rollout/gemm.py``: fused ``[q; k; v]`` and ``[gate; up]``, stored [in, out], oneDNN-packed
   on CPU where available; norms and embeddings are the parameters themselves), so an optimizer
@@ -18,7 +22,8 @@ SwiGLU's activations on their bf16 outputs; on CUDA attention and the KV cache r
 (``kv_dtype``), on CPU they stay in the model's dtype (docs/rollout.md, "Precision").
 
 What it does not do: sampling, stop handling and bookkeeping (``engine.generate``), training
-(no autograd: it must run under ``torch.inference_mode``), sliding-window attention, or RoPE
+(no autograd: it must run under ``torch.inference_mode``), sliding-window attention that cuts (a
+window shorter than the call's longest sequence), or RoPE
 variants whose frequencies change with the sequence length (``dynamic``, ``longrope``).
 """
 
@@ -53,8 +58,54 @@ class Layer:
     bd: torch.Tensor | None
 
 
-def unsupported_reason(model: torch.nn.Module) -> str | None:
-    """Why the fast decoder cannot run ``model`` (None when it can)."""
+# Why the fast decoder does not take a family, by ``model_type``: each is a piece of layer math
+# that FastLlama does not have, so its logits would differ from the model's own forward. Those
+# models run on the Hugging Face backend (``rollout/hf_backend.py``), exact by construction.
+_FALLBACK = {
+    "qwen3": "q/k RMSNorm on each head before RoPE (q_norm, k_norm)",
+    "qwen3_moe": "q/k RMSNorm and a mixture-of-experts MLP",
+    "gemma": "scaled embeddings, (1 + weight) RMSNorm and a GELU-tanh MLP",
+    "gemma2": "attention and final-logit soft-capping, alternating sliding/global attention, scaled "
+              "embeddings, (1 + weight) RMSNorm, extra norms around attention and MLP, GELU-tanh MLP",
+    "gemma3_text": "alternating sliding/global attention with two RoPE bases, q/k RMSNorm, scaled "
+                   "embeddings, (1 + weight) RMSNorm, extra norms around attention and MLP, GELU-tanh MLP",
+    "phi3": "fused qkv_proj and gate_up_proj weights (and a partial-rotary / longrope option)",
+    "mixtral": "mixture-of-experts MLP (top-k router over expert SwiGLUs)",
+    "qwen2_moe": "mixture-of-experts MLP (top-k router, experts and a gated shared expert)",
+}
+
+
+def fast_path_reason(config, longest: int | None = None) -> str | None:
+    """Why the fast decoder cannot run a model of this ``config`` on sequences of up to
+    ``longest`` tokens (prompt + completion; None: of any length), from the config alone; None
+    when the family is one it computes exactly (Llama; Qwen2, q/k/v biases included; Mistral or
+    Qwen2 whose sliding window is at least ``longest``, where the window never cuts anything).
+    ``unsupported_reason`` checks the loaded model's modules on top."""
+    model_type = getattr(config, "model_type", None)
+    if model_type in _FALLBACK:
+        return f"{model_type}: {_FALLBACK[model_type]}"
+    if model_type not in _LLAMA_LIKE:
+        return f"model_type {model_type!r} is not Llama-like"
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type", "default")) in ("dynamic", "longrope"):
+        return "RoPE frequencies depend on the sequence length"
+    window = getattr(config, "sliding_window", None)
+    if window is not None and getattr(config, "use_sliding_window", True) and (longest is None or longest > window):
+        return f"sliding-window attention ({window} tokens{'' if longest is None else f', sequences of up to {longest}'})"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r} is not SiLU"
+    if getattr(config, "pretraining_tp", 1) not in (None, 1):
+        return "pretraining_tp > 1"
+    return None
+
+
+def unsupported_reason(model: torch.nn.Module, longest: int | None = None) -> str | None:
+    """Why the fast decoder cannot run ``model`` on sequences of up to ``longest`` tokens (None:
+    any length); None when it can."""
+    cfg = getattr(model, "config", None)
+    reason = fast_path_reason(cfg, longest) if cfg is not None else "model has no config"
+    if reason is not None:
+        return reason
     reason = _model_reason(model)
     if reason is not None:
         return reason
@@ -70,9 +121,6 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
 
 def _model_reason(model: torch.nn.Module) -> str | None:
     """What in the model's config, module layout or parameters does not fit (None: all fits)."""
-    cfg = getattr(model, "config", None)
-    if cfg is None or getattr(cfg, "model_type", None) not in _LLAMA_LIKE:
-        return f"model_type {getattr(cfg, 'model_type', None)!r} is not Llama-like"
     inner = getattr(model, "model", None)
     try:
         inner.layers, inner.rotary_emb  # noqa: B018
@@ -80,15 +128,6 @@ def _model_reason(model: torch.nn.Module) -> str | None:
         inner.rotary_emb.inv_freq  # noqa: B018
     except AttributeError as e:
         return f"module layout differs from Llama's ({e})"
-    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    if rope.get("rope_type", rope.get("type", "default")) in ("dynamic", "longrope"):
-        return "RoPE frequencies depend on the sequence length"
-    if getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True):
-        return "sliding-window attention"
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        return f"activation {cfg.hidden_act!r} is not SiLU"
-    if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
-        return "pretraining_tp > 1"
     params = list(model.parameters())
     if len({p.device for p in params}) != 1 or len({p.dtype for p in params}) != 1:
         return "parameters spread over several devices or dtypes"

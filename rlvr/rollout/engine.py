@@ -162,7 +162,8 @@ def generate(
     out: list[Completion] = []
     try:
         with torch.inference_mode():
-            fast = _fast_decoder(model, backend, params.precision)
+            longest = max((len(p) for p in prompts), default=0) + params.max_new_tokens
+            fast = _fast_decoder(model, backend, params.precision, longest)
             call = _Call(model, fast, _use_cuda_graphs(fast, cuda_graphs), prompts, params, stop_ids, generator,
                          pad_token_id, tokenizer, past if fast is not None else None, keep_cache and fast is not None)
             autocast = precision_autocast(model, params.precision) if fast is None else contextlib.nullcontext()
@@ -187,12 +188,12 @@ def _check_generate_args(prompts, params: SamplingParams, batch_size, tokenizer,
         raise ValueError(f"past has {len(past)} entries for {len(prompts)} prompts")
 
 
-def _fast_decoder(model: torch.nn.Module, backend: str, precision: str) -> FastLlama | None:
+def _fast_decoder(model: torch.nn.Module, backend: str, precision: str, longest: int | None = None) -> FastLlama | None:
     """The fast decoder on ``model``'s weights, or None for the Hugging Face backend (asked for,
-    or ``"auto"`` with a model the fast decoder refuses)."""
+    or ``"auto"`` with a model the fast decoder refuses on sequences of up to ``longest`` tokens)."""
     if backend == "hf":
         return None
-    reason = unsupported_reason(model)
+    reason = unsupported_reason(model, longest)
     if reason is not None and backend == "fast":
         raise ValueError(f"the fast decoder cannot run this model: {reason}")
     return FastLlama(model, PRECISIONS[precision]) if reason is None else None

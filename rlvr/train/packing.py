@@ -28,7 +28,10 @@ What it does:
 - ``packed_logprobs`` runs the model once: on the ``flat`` layout when
   ``sequence_attention.supported`` (Llama, Qwen2/3, Mistral, Phi-3 ... with transformers' attention
   interface) and no ``width`` is asked for; else packed in rows when that removes at least
-  ``PACK_MIN_SAVING`` (10%) of the token slots, else on ``causal_rows``. It returns the same
+  ``PACK_MIN_SAVING`` (10%) of the token slots, else on ``causal_rows``. A model with a sliding
+  window shorter than the longest sequence (Mistral, Gemma 2/3's sliding layers; ``window_reason``)
+  never runs in rows: their 4D mask would stand for every layer's mask and drop the window, so it
+  runs on ``causal_rows``, where transformers builds each layer's mask itself. It returns the same
   ``[B, T]`` log-probs as ``rlvr.model.logprobs.sequence_logprobs`` at the positions asked for
   (``want``, e.g. the loss mask), 0.0 elsewhere. The language-model head and the log-softmax run
   only at those positions (for plain-head decoders: Llama, Qwen2/3, Mistral, Phi-3 ...): no
@@ -212,6 +215,24 @@ def flat(input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_token_id: in
     return pack(input_ids, attention_mask, width, pad_token_id, groups)
 
 
+def window_reason(model: torch.nn.Module, longest: int) -> str | None:
+    """Why ``model`` cannot run the row layout (``pack``) on sequences of up to ``longest`` tokens:
+    a sliding window (all layers, or some: Gemma 2/3 alternate) shorter than ``longest``. The row
+    layout passes a 4D mask, which transformers takes as the mask of every layer, so the windowed
+    layers would attend past their window; those models run on ``causal_rows`` (no mask passed:
+    transformers builds the causal and the sliding-window masks itself). None: rows are exact."""
+    cfg = getattr(model, "config", None)
+    window = getattr(cfg, "sliding_window", None)
+    if not window or not getattr(cfg, "use_sliding_window", True):
+        return None
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    if longest <= window:
+        return None
+    return f"sliding window of {window} tokens, sequences of up to {longest}"
+
+
 def _decoder_and_head(model: torch.nn.Module):
     """(base decoder, lm head) when logits are exactly ``head(decoder(...).last_hidden_state)``."""
     cfg = getattr(model, "config", None)
@@ -276,6 +297,8 @@ def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     None (default) runs the ``flat`` layout where ``sequence_attention.supported(model)`` and
     ``width`` is not given, else rows (``pack``): always with True, with None when that saves
     ``PACK_MIN_SAVING`` of the slots.
+    A model whose sliding window is shorter than the longest sequence runs on ``causal_rows``
+    whatever ``packing`` and ``width`` say (``window_reason``).
     ``share_prompts`` (with ``want``): sequences that start with the same unwanted tokens (a GRPO
     group's prompt, ``shared_prompts``) run that prompt once per group in the flat layout, once
     per row in rows of ``shared_width`` tokens (or ``width``).
@@ -285,8 +308,11 @@ def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     groups = shared_prompts(input_ids, attention_mask, want) if share_prompts and want is not None else None
     lengths = attention_mask.sum(dim=1).tolist()
     per_sequence = packing is not False and width is None and sequence_attention.supported(model, max(lengths))
+    windowed = window_reason(model, max(lengths))
     if per_sequence:
         rows = flat(input_ids, attention_mask, groups=groups)
+    elif windowed is not None:  # a 4D mask would replace the model's window: transformers builds it here
+        rows, packing = causal_rows(input_ids, attention_mask), False
     else:
         if groups and width is None:
             width = shared_width(lengths, groups, model.get_input_embeddings().embedding_dim)
@@ -343,4 +369,5 @@ def _row_count(lengths: list[int], groups: list[tuple[int, list[int]]] | None, w
 
 
 __all__ = ["ATTENTION_PER_COLUMN", "PACK_MIN_SAVING", "SHARED_MAX_WIDTH", "SHARED_WIDTH", "Packed", "causal_rows", "first_fit_decreasing", "flat",
-           "layout_units", "pack", "packed_logprobs", "padding_stats", "shared_prompts", "shared_width"]
+           "layout_units", "pack", "packed_logprobs", "padding_stats", "shared_prompts", "shared_width",
+           "window_reason"]
