@@ -53,7 +53,7 @@ FAMILIES = {
         "shared_expert_intermediate_size": 32}),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
 }
-FAST = {"llama", "qwen2"}  # the families the fast decoder takes at these lengths
+FAST = {"llama", "qwen2", "phi3"}  # the families the fast decoder takes at these lengths
 FLAT = {"llama", "qwen2", "qwen3", "phi3"}  # the flat (per-sequence attention) training layout
 MOE = {"qwen2_moe", "mixtral"}
 
@@ -222,7 +222,7 @@ def test_grpo_step_changes_every_parameter_and_final_reloads(family, family_dirs
 def test_fast_path_reason_names_why_each_family_falls_back(tokenizer):
     from rlvr.rollout import decoder
 
-    words = {"qwen3": "q/k", "gemma2": "soft-capping", "gemma3": "sliding", "phi3": "fused",
+    words = {"qwen3": "q/k", "gemma2": "soft-capping", "gemma3": "sliding",
              "qwen2_moe": "mixture-of-experts", "mixtral": "mixture-of-experts", "mistral": "sliding-window"}
     for family in FAMILIES:
         config = build(family, tokenizer).config
@@ -243,5 +243,17 @@ def test_mistral_with_a_window_it_never_reaches_runs_on_the_fast_decoder(tokeniz
 
     model = build("mistral", tokenizer, sliding_window=64)
     assert decoder.unsupported_reason(model, max(PROMPT_LENGTHS) + NEW_TOKENS) is None
+    ids, mask, want, engine = sampled_batch(model, tokenizer)
+    torch.testing.assert_close(engine, reference_logprobs(model, ids, mask) * want, atol=ATOL, rtol=0)
+
+
+def test_phi3_with_partial_rotary_falls_back_to_transformers_forward(tokenizer):
+    """Phi-3 with RoPE on half of each head: the fast decoder refuses it (its RoPE covers whole
+    heads) and the engine's log-probs still match transformers' forward."""
+    from rlvr.rollout import decoder
+
+    model = build("phi3", tokenizer, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                      "partial_rotary_factor": 0.5})
+    assert "partial rotary" in decoder.unsupported_reason(model, 64)
     ids, mask, want, engine = sampled_batch(model, tokenizer)
     torch.testing.assert_close(engine, reference_logprobs(model, ids, mask) * want, atol=ATOL, rtol=0)

@@ -3,10 +3,11 @@
 - ``fast_path_reason(config, longest)`` says from a config why a family does not fit, and
   ``unsupported_reason(model, longest)`` adds the checks of the loaded modules (the engine then
   runs the Hugging Face forward, ``rollout/hf_backend.py``): it takes ``LlamaForCausalLM`` and
-  models of the same layout (Qwen2, q/k/v biases allowed; Mistral or Qwen2 whose sliding window
-  is no shorter than the longest sequence of the call). Every other family falls back, with its
-  reason in ``_FALLBACK`` (Qwen3's q/k norms, Gemma 2/3's soft-capping, windows and scaled
-  embeddings, Phi-3's fused projections, MoE MLPs); docs/architectures.md.
+  models of the same layout (Qwen2, q/k/v biases allowed; Phi-3, its fused ``qkv_proj`` and
+  ``gate_up_proj`` read as they are; Mistral, Qwen2 or Phi-3 whose sliding window is no shorter
+  than the longest sequence of the call). Every other family falls back, with its reason in
+  ``_FALLBACK`` (Qwen3's q/k norms, Gemma 2/3's soft-capping, windows and scaled embeddings, MoE
+  MLPs); docs/architectures.md.
 - ``FastLlama(model)`` reads the weights from the model's modules once per ``generate`` call
   (``rollout/gemm.py``: fused ``[q; k; v]`` and ``[gate; up]``, stored [in, out], oneDNN-packed
   on CPU where available; norms and embeddings are the parameters themselves), so an optimizer
@@ -39,7 +40,7 @@ from rlvr.rollout.kv_cache import DecodeState
 
 # model_type values whose layers are Llama's (pre-norm, RMSNorm, RoPE, GQA, SwiGLU); the module
 # checks in ``unsupported_reason`` still have to pass.
-_LLAMA_LIKE = {"llama", "mistral", "qwen2"}
+_LLAMA_LIKE = {"llama", "mistral", "qwen2", "phi3"}
 
 
 @dataclass
@@ -69,7 +70,6 @@ _FALLBACK = {
               "embeddings, (1 + weight) RMSNorm, extra norms around attention and MLP, GELU-tanh MLP",
     "gemma3_text": "alternating sliding/global attention with two RoPE bases, q/k RMSNorm, scaled "
                    "embeddings, (1 + weight) RMSNorm, extra norms around attention and MLP, GELU-tanh MLP",
-    "phi3": "fused qkv_proj and gate_up_proj weights (and a partial-rotary / longrope option)",
     "mixtral": "mixture-of-experts MLP (top-k router over expert SwiGLUs)",
     "qwen2_moe": "mixture-of-experts MLP (top-k router, experts and a gated shared expert)",
 }
@@ -78,8 +78,8 @@ _FALLBACK = {
 def fast_path_reason(config, longest: int | None = None) -> str | None:
     """Why the fast decoder cannot run a model of this ``config`` on sequences of up to
     ``longest`` tokens (prompt + completion; None: of any length), from the config alone; None
-    when the family is one it computes exactly (Llama; Qwen2, q/k/v biases included; Mistral or
-    Qwen2 whose sliding window is at least ``longest``, where the window never cuts anything).
+    when the family is one it computes exactly (Llama; Qwen2, q/k/v biases included; Phi-3;
+    Mistral, Qwen2 or Phi-3 whose sliding window is at least ``longest``: it never cuts anything).
     ``unsupported_reason`` checks the loaded model's modules on top."""
     model_type = getattr(config, "model_type", None)
     if model_type in _FALLBACK:
@@ -116,6 +116,8 @@ def unsupported_reason(model: torch.nn.Module, longest: int | None = None) -> st
     inv_freq = model.model.rotary_emb.inv_freq
     if inv_freq is None or inv_freq.ndim != 1:
         return "no rotary inv_freq"
+    if 2 * inv_freq.numel() != int(model.model.layers[0].self_attn.head_dim):
+        return "partial rotary embedding (RoPE on part of each head)"
     return None
 
 
@@ -141,11 +143,13 @@ def _layer_reason(layer: torch.nn.Module) -> str | None:
     att, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     if att is None or mlp is None:
         return "layer without self_attn/mlp"
+    fused_qkv = hasattr(att, "qkv_proj")  # Phi-3: [q; k; v] in one projection
     if any(hasattr(att, n) for n in ("q_norm", "k_norm")) or not all(
-        hasattr(att, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim")
+        hasattr(att, n) for n in (*(("qkv_proj",) if fused_qkv else ("q_proj", "k_proj", "v_proj")), "o_proj", "head_dim")
     ):
         return "attention block differs from Llama's"
-    if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
+    fused_gu = hasattr(mlp, "gate_up_proj")  # Phi-3: [gate; up] in one projection
+    if not all(hasattr(mlp, n) for n in (*(("gate_up_proj",) if fused_gu else ("gate_proj", "up_proj")), "down_proj")):
         return "MLP differs from SwiGLU"
     if not all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm")):
         return "norms differ from Llama's"
@@ -168,7 +172,8 @@ class FastLlama:
         self.num_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = int(att0.head_dim)
         self.rep = self.num_heads // self.num_kv
-        self.inter = inner.layers[0].mlp.gate_proj.weight.shape[0]
+        mlp0 = inner.layers[0].mlp
+        self.inter = mlp0.gate_proj.weight.shape[0] if hasattr(mlp0, "gate_proj") else mlp0.gate_up_proj.weight.shape[0] // 2
         self.eps = float(getattr(inner.norm, "variance_epsilon", getattr(cfg, "rms_norm_eps", 1e-6)))
         # ``matmul_dtype``: every GEMM in that dtype; activations, norms and logits stay in the model's.
         self.matmul_dtype = matmul_dtype if matmul_dtype not in (None, self.dtype) else None
@@ -231,13 +236,13 @@ class FastLlama:
 
 def _read_layer(layer: torch.nn.Module, fmt: WeightFormat) -> Layer:
     a, m = layer.self_attn, layer.mlp
+    qkv = (a.qkv_proj,) if hasattr(a, "qkv_proj") else (a.q_proj, a.k_proj, a.v_proj)  # Phi-3 fuses them
+    gu = (m.gate_up_proj,) if hasattr(m, "gate_up_proj") else (m.gate_proj, m.up_proj)  # [gate; up] either way
     return Layer(
         ln1=layer.input_layernorm.weight.detach(),
         ln2=layer.post_attention_layernorm.weight.detach(),
-        wqkv=fmt.fused(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
-        bqkv=fused_bias(a.q_proj, a.k_proj, a.v_proj),
+        wqkv=fmt.fused(*(x.weight for x in qkv)), bqkv=fused_bias(*qkv),
         wo=fmt.matrix(a.o_proj.weight), bo=bias(a.o_proj),
-        wgu=fmt.fused(m.gate_proj.weight, m.up_proj.weight),
-        bgu=fused_bias(m.gate_proj, m.up_proj),
+        wgu=fmt.fused(*(x.weight for x in gu)), bgu=fused_bias(*gu),
         wd=fmt.matrix(m.down_proj.weight), bd=bias(m.down_proj),
     )
