@@ -61,6 +61,7 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.train import sequence_attention
+from rlvr.train.chunked_head import chunked_token_logprobs, token_logprobs
 
 # Decoder families whose causal-LM head is exactly ``lm_head(last_hidden_state)`` (no logit
 # scaling or soft-capping): for them the head runs on the wanted positions only.
@@ -288,7 +289,8 @@ def causal_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Packed
 
 def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     want: torch.Tensor | None = None, *, width: int | None = None,
-                    packing: bool | None = None, share_prompts: bool = False) -> torch.Tensor:
+                    packing: bool | None = None, share_prompts: bool = False,
+                    logits_chunk: int = 0) -> torch.Tensor:
     """log pi(input_ids[b, t] | input_ids[b, :t]) at the positions where ``want`` is nonzero.
 
     Same values as ``sequence_logprobs(model, input_ids, attention_mask)`` there (up to float
@@ -302,6 +304,8 @@ def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     ``share_prompts`` (with ``want``): sequences that start with the same unwanted tokens (a GRPO
     group's prompt, ``shared_prompts``) run that prompt once per group in the flat layout, once
     per row in rows of ``shared_width`` tokens (or ``width``).
+    ``logits_chunk`` > 0: the LM head and log-softmax run on that many wanted tokens at a time
+    (``rlvr.train.chunked_head``), so all their logits never exist at once.
     input_ids, attention_mask, want: [B, T], right-padded -> [B, T] float32.
     """
     B, T = input_ids.shape
@@ -340,15 +344,15 @@ def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
         mask = rows.attention_mask(next(model.parameters()).dtype)
         inputs.update(attention_mask=mask, position_ids=rows.position_ids)
     base, head = _decoder_and_head(model)
+    tgt = input_ids[b_idx, t_idx]
     with layout:
-        if base is not None:
+        if base is not None:  # the LM head on the wanted slots only, ``logits_chunk`` at a time
             hidden = base(**inputs).last_hidden_state
-            logits = head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, src)).float()
+            lp = chunked_token_logprobs(head, hidden.reshape(-1, hidden.shape[-1]).index_select(0, src), tgt,
+                                        logits_chunk)
         else:
             logits = model(**inputs).logits
-            logits = logits.reshape(-1, logits.shape[-1]).index_select(0, src).float()
-    tgt = input_ids[b_idx, t_idx]
-    lp = logits.gather(-1, tgt[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+            lp = token_logprobs(lambda x: x, logits.reshape(-1, logits.shape[-1]).index_select(0, src), tgt)
     out = torch.zeros(B * T, dtype=torch.float32, device=input_ids.device)
     out = out.index_put((b_idx * T + t_idx,), lp)
     return out.view(B, T)
