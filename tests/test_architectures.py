@@ -53,7 +53,7 @@ FAMILIES = {
         "shared_expert_intermediate_size": 32}),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
 }
-FAST = {"llama", "qwen2", "phi3"}  # the families the fast decoder takes at these lengths
+FAST = {"llama", "qwen2", "qwen3", "phi3"}  # the families the fast decoder takes at these lengths
 FLAT = {"llama", "qwen2", "qwen3", "phi3"}  # the flat (per-sequence attention) training layout
 MOE = {"qwen2_moe", "mixtral"}
 
@@ -222,7 +222,7 @@ def test_grpo_step_changes_every_parameter_and_final_reloads(family, family_dirs
 def test_fast_path_reason_names_why_each_family_falls_back(tokenizer):
     from rlvr.rollout import decoder
 
-    words = {"qwen3": "q/k", "gemma2": "soft-capping", "gemma3": "sliding",
+    words = {"gemma2": "soft-capping", "gemma3": "sliding",
              "qwen2_moe": "mixture-of-experts", "mixtral": "mixture-of-experts", "mistral": "sliding-window"}
     for family in FAMILIES:
         config = build(family, tokenizer).config

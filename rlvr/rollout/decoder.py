@@ -3,15 +3,15 @@
 - ``fast_path_reason(config, longest)`` says from a config why a family does not fit, and
   ``unsupported_reason(model, longest)`` adds the checks of the loaded modules (the engine then
   runs the Hugging Face forward, ``rollout/hf_backend.py``): it takes ``LlamaForCausalLM`` and
-  models of the same layout (Qwen2, q/k/v biases allowed; Phi-3, its fused ``qkv_proj`` and
-  ``gate_up_proj`` read as they are; Mistral, Qwen2 or Phi-3 whose sliding window is no shorter
+  models of the same layout (Qwen2, q/k/v biases allowed; Qwen3, its per-head q/k RMSNorm
+  before RoPE; Phi-3, its fused ``qkv_proj`` and ``gate_up_proj`` read as they are; Mistral, Qwen2 or Phi-3 whose sliding window is no shorter
   than the longest sequence of the call). Every other family falls back, with its reason in
-  ``_FALLBACK`` (Qwen3's q/k norms, Gemma 2/3's soft-capping, windows and scaled embeddings, MoE
+  ``_FALLBACK`` (Gemma 2/3's soft-capping, windows and scaled embeddings, MoE
   MLPs); docs/architectures.md.
 - ``FastLlama(model)`` reads the weights from the model's modules once per ``generate`` call
   (``rollout/gemm.py``: fused ``[q; k; v]`` and ``[gate; up]``, stored [in, out], oneDNN-packed
   on CPU where available; norms and embeddings are the parameters themselves), so an optimizer
-  step between calls is always seen, and holds the layer math: RMSNorm, RoPE from the model's
+  step between calls is always seen, and holds the layer math: RMSNorm (and Qwen3's q/k norm), RoPE from the model's
   ``inv_freq`` (cos/sin tables built once per call), SwiGLU, the logits in float32.
 - ``FastLlama.start(...)`` returns a ``DecodeState`` (``rollout/kv_cache.py``): the KV cache, and
   prefill / decode step / compaction over it.
@@ -40,7 +40,7 @@ from rlvr.rollout.kv_cache import DecodeState
 
 # model_type values whose layers are Llama's (pre-norm, RMSNorm, RoPE, GQA, SwiGLU); the module
 # checks in ``unsupported_reason`` still have to pass.
-_LLAMA_LIKE = {"llama", "mistral", "qwen2", "phi3"}
+_LLAMA_LIKE = {"llama", "mistral", "qwen2", "phi3", "qwen3"}
 
 
 @dataclass
@@ -57,13 +57,14 @@ class Layer:
     bgu: torch.Tensor | None
     wd: torch.Tensor
     bd: torch.Tensor | None
+    qkn: torch.Tensor | None = None
+    """Qwen3's q/k RMSNorm weights per head, [heads + kv_heads, head_dim] (None: no q/k norm)."""
 
 
 # Why the fast decoder does not take a family, by ``model_type``: each is a piece of layer math
 # that FastLlama does not have, so its logits would differ from the model's own forward. Those
 # models run on the Hugging Face backend (``rollout/hf_backend.py``), exact by construction.
 _FALLBACK = {
-    "qwen3": "q/k RMSNorm on each head before RoPE (q_norm, k_norm)",
     "qwen3_moe": "q/k RMSNorm and a mixture-of-experts MLP",
     "gemma": "scaled embeddings, (1 + weight) RMSNorm and a GELU-tanh MLP",
     "gemma2": "attention and final-logit soft-capping, alternating sliding/global attention, scaled "
@@ -78,7 +79,7 @@ _FALLBACK = {
 def fast_path_reason(config, longest: int | None = None) -> str | None:
     """Why the fast decoder cannot run a model of this ``config`` on sequences of up to
     ``longest`` tokens (prompt + completion; None: of any length), from the config alone; None
-    when the family is one it computes exactly (Llama; Qwen2, q/k/v biases included; Phi-3;
+    when the family is one it computes exactly (Llama; Qwen2, q/k/v biases included; Qwen3; Phi-3;
     Mistral, Qwen2 or Phi-3 whose sliding window is at least ``longest``: it never cuts anything).
     ``unsupported_reason`` checks the loaded model's modules on top."""
     model_type = getattr(config, "model_type", None)
@@ -144,19 +145,27 @@ def _layer_reason(layer: torch.nn.Module) -> str | None:
     if att is None or mlp is None:
         return "layer without self_attn/mlp"
     fused_qkv = hasattr(att, "qkv_proj")  # Phi-3: [q; k; v] in one projection
-    if any(hasattr(att, n) for n in ("q_norm", "k_norm")) or not all(
+    if hasattr(att, "q_norm") != hasattr(att, "k_norm") or not all(
         hasattr(att, n) for n in (*(("qkv_proj",) if fused_qkv else ("q_proj", "k_proj", "v_proj")), "o_proj", "head_dim")
     ):
         return "attention block differs from Llama's"
     fused_gu = hasattr(mlp, "gate_up_proj")  # Phi-3: [gate; up] in one projection
     if not all(hasattr(mlp, n) for n in (*(("gate_up_proj",) if fused_gu else ("gate_proj", "up_proj")), "down_proj")):
         return "MLP differs from SwiGLU"
+    for name in ("q_norm", "k_norm"):  # Qwen3: RMSNorm over each head's head_dim, before RoPE
+        norm = getattr(att, name, None)
+        if norm is not None and (not _is_rms(norm) or tuple(norm.weight.shape) != (int(att.head_dim),)):
+            return f"{name} is not an RMSNorm over head_dim"
     if not all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm")):
         return "norms differ from Llama's"
-    norm_name = type(layer.input_layernorm).__name__
-    if norm_name.endswith("LayerNorm") and "RMS" not in norm_name:
+    if not _is_rms(layer.input_layernorm):
         return "norm is not RMSNorm"
     return None
+
+
+def _is_rms(norm: torch.nn.Module) -> bool:
+    name = type(norm).__name__
+    return not (name.endswith("LayerNorm") and "RMS" not in name)
 
 
 class FastLlama:
@@ -187,7 +196,9 @@ class FastLlama:
         self.lm_head = fmt.matrix(model.lm_head.weight)
         self.inv_freq = inner.rotary_emb.inv_freq.detach()
         self.rope_scale = float(getattr(inner.rotary_emb, "attention_scaling", 1.0))
-        self.layers = [_read_layer(layer, fmt) for layer in inner.layers]
+        q_norm = getattr(att0, "q_norm", None)
+        self.qk_eps = float(getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", self.eps)))
+        self.layers = [_read_layer(layer, fmt, self.num_heads, self.num_kv) for layer in inner.layers]
 
     def rope_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sign-folded sin, [length, head_dim] in the model dtype, computed exactly as the
@@ -207,6 +218,18 @@ class FastLlama:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return w * h.to(x.dtype)
+
+    def qk_norm(self, x: torch.Tensor, L: Layer) -> torch.Tensor:
+        """Qwen3's q/k RMSNorm on x [..., heads + kv_heads, head_dim] (query heads first), each
+        head over its head_dim, as the model's ``q_norm`` / ``k_norm`` compute it; x unchanged for
+        models without."""
+        if L.qkn is None:
+            return x
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (self.head_dim,), None, self.qk_eps) * L.qkn
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.qk_eps)
+        return L.qkn * h.to(x.dtype)
 
     def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [..., heads, head_dim] with cos/sin [..., head_dim] broadcast over heads."""
@@ -234,7 +257,7 @@ class FastLlama:
         return DecodeState(self, rows, max_len, cuda_graphs, share_prompts)
 
 
-def _read_layer(layer: torch.nn.Module, fmt: WeightFormat) -> Layer:
+def _read_layer(layer: torch.nn.Module, fmt: WeightFormat, heads: int, kv_heads: int) -> Layer:
     a, m = layer.self_attn, layer.mlp
     qkv = (a.qkv_proj,) if hasattr(a, "qkv_proj") else (a.q_proj, a.k_proj, a.v_proj)  # Phi-3 fuses them
     gu = (m.gate_up_proj,) if hasattr(m, "gate_up_proj") else (m.gate_proj, m.up_proj)  # [gate; up] either way
@@ -245,4 +268,6 @@ def _read_layer(layer: torch.nn.Module, fmt: WeightFormat) -> Layer:
         wo=fmt.matrix(a.o_proj.weight), bo=bias(a.o_proj),
         wgu=fmt.fused(*(x.weight for x in gu)), bgu=fused_bias(*gu),
         wd=fmt.matrix(m.down_proj.weight), bd=bias(m.down_proj),
+        qkn=torch.cat([a.q_norm.weight.detach().expand(heads, -1), a.k_norm.weight.detach().expand(kv_heads, -1)])
+        if hasattr(a, "q_norm") else None,
     )

@@ -145,7 +145,7 @@ class DecodeState:
         f = self.f
         nh, nkv, hd = f.num_heads, f.num_kv, f.head_dim
         qkv = lin(f.rms(x, L.ln1), L.wqkv, L.bqkv)  # [U, C, (nh + 2 nkv) hd]
-        qk = f.rope(qkv[..., : (nh + nkv) * hd].unflatten(-1, (nh + nkv, hd)), p.cos, p.sin).to(f.kv_dtype)
+        qk = f.rope(f.qk_norm(qkv[..., : (nh + nkv) * hd].unflatten(-1, (nh + nkv, hd)), L), p.cos, p.sin).to(f.kv_dtype)
         q = qk[..., :nh, :].transpose(1, 2)
         k = qk[..., nh:, :].transpose(1, 2)  # [U, nkv, C, hd]
         v = qkv[..., (nh + nkv) * hd:].unflatten(-1, (nkv, hd)).transpose(1, 2).to(f.kv_dtype)
@@ -247,7 +247,7 @@ class DecodeState:
         f, n, col = self.f, self.n, self.col
         nh, nkv, hd = f.num_heads, f.num_kv, f.head_dim
         qkv = lin(f.rms(x, L.ln1), L.wqkv, L.bqkv)
-        qk = f.rope(qkv[:, : (nh + nkv) * hd].view(n, nh + nkv, hd), cos, sin).to(f.kv_dtype)
+        qk = f.rope(f.qk_norm(qkv[:, : (nh + nkv) * hd].view(n, nh + nkv, hd), L), cos, sin).to(f.kv_dtype)
         K, V = self.k[li], self.v[li]
         K[:n, :, col] = qk[:, nh:]
         V[:n, :, col] = qkv[:, (nh + nkv) * hd:].view(n, nkv, hd)
@@ -288,7 +288,7 @@ class DecodeState:
         x = F.embedding(tokens, f.embed)
         for li, L in enumerate(f.layers):
             qkv = lin(f.rms(x, L.ln1), L.wqkv, L.bqkv)
-            qk = f.rope(qkv[:, : (nh + nkv) * hd].view(n, nh + nkv, hd), cos, sin).to(f.kv_dtype)
+            qk = f.rope(f.qk_norm(qkv[:, : (nh + nkv) * hd].view(n, nh + nkv, hd), L), cos, sin).to(f.kv_dtype)
             K, V = self.k[li][:n], self.v[li][:n]
             K.index_copy_(2, col, qk[:, nh:, None, :])
             V.index_copy_(2, col, qkv[:, (nh + nkv) * hd:].view(n, nkv, 1, hd).to(f.kv_dtype))
