@@ -257,3 +257,23 @@ def test_phi3_with_partial_rotary_falls_back_to_transformers_forward(tokenizer):
     assert "partial rotary" in decoder.unsupported_reason(model, 64)
     ids, mask, want, engine = sampled_batch(model, tokenizer)
     torch.testing.assert_close(engine, reference_logprobs(model, ids, mask) * want, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", sorted(FAST))
+def test_fast_decoder_next_turn_on_a_kept_cache_matches_transformers(family, tokenizer):
+    """Prefix reuse (``keep_cache`` / ``past``, the multi-turn path) on each fast family: the next
+    turn's log-probs, its prompt run from the kept K/V, equal transformers' forward."""
+    from rlvr.rollout.engine import SamplingParams, generate
+
+    model = build(family, tokenizer)
+    params = SamplingParams(max_new_tokens=6, stop_token_ids=())
+    prompts = [[tokenizer.bos_token_id, *range(10, 10 + k - 1)] for k in PROMPT_LENGTHS]
+    first = generate(model, prompts, params, pad_token_id=tokenizer.pad_token_id, backend="fast", keep_cache=True,
+                     generator=torch.Generator().manual_seed(1))
+    turns = [prompts[c.prompt_index] + c.token_ids + [20, 21] for c in first]
+    second = generate(model, turns, params, pad_token_id=tokenizer.pad_token_id, backend="fast",
+                      past=[c.cache for c in first], generator=torch.Generator().manual_seed(2))
+    for turn, c in zip(turns, second):
+        seq = torch.tensor([turn + c.token_ids])
+        ref = reference_logprobs(model, seq, torch.ones_like(seq))[0, len(turn):]
+        torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=ATOL, rtol=0)
