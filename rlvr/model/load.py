@@ -114,7 +114,14 @@ def _check_model_dir(path: str | Path) -> Path:
 def load_model(path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
                options: ModelLoadConfig | None = None) -> PreTrainedModel:
     """Load a causal LM from a local directory on ``device``, in eval mode, in ``dtype`` if given,
-    else as ``options.dtype`` says (default without options: float32)."""
+    else as ``options.dtype`` says (default without options: float32). A LoRA adapter directory
+    (``adapter_config.json``, no ``config.json``; ``lora.save: adapter``) loads as its recorded
+    base model with the adapter merged in (``rlvr.model.lora``)."""
+    from rlvr.model.lora import adapter_base, is_adapter_dir, load_adapter_dir
+
+    if Path(path).is_dir() and is_adapter_dir(path):
+        base = load_model(adapter_base(path), dtype=dtype, device=device, options=options)
+        return load_adapter_dir(base, path).to(device).eval()
     p = _check_model_dir(path)
     trust = _check_remote_code(p, options)
     kwargs = {dtype_kwarg(): resolve_dtype(p, options, dtype), "local_files_only": True}

@@ -34,6 +34,7 @@ from rlvr.errors import ConfigError, UserError
 from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint, save_model_dir
 from rlvr.model.inputs import pad_right
 from rlvr.model.load import ModelLoadConfig, load_model_and_tokenizer
+from rlvr.model.lora import LoraConfig, adapters_off, load_for_training, save_final
 from rlvr.model.tokenizer import encode_chat_prompt, encode_completion
 from rlvr.monitor.metrics import MetricsLogger
 from rlvr.monitor.trackers import TrackerConfig, open_trackers
@@ -55,6 +56,9 @@ class DPOConfig:
     """The frozen reference; None = the starting policy ``model`` (not loaded for reference-free losses)."""
     model_load: ModelLoadConfig = field(default_factory=ModelLoadConfig)
     """How the model directories are loaded: dtype, trust_remote_code, chat_template."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters instead of full fine-tuning (docs/lora.md). With ``ref_model`` unset the
+    reference is the policy with adapters off: no second model is loaded."""
     out: str = "runs/dpo"
     """Run directory; the model lands in <out>/final."""
     seed: int = 0
@@ -159,10 +163,12 @@ def _fingerprint(rows: list[PairIds], ref_model: str) -> str:
     return h.hexdigest()[:16]
 
 
-def reference_logps(cfg: DPOConfig, run_dir: Path, rows: list[PairIds], pad_token_id: int, device) -> torch.Tensor | None:
+def reference_logps(cfg: DPOConfig, run_dir: Path, rows: list[PairIds], pad_token_id: int, device,
+                    lora=None) -> torch.Tensor | None:
     """[N, 2] summed reference log-probs (chosen, rejected) of every pair: computed once and kept
     in ``<out>/reference_logps.pt`` (read back when the pairs and reference are the same); None
-    for a reference-free loss."""
+    for a reference-free loss. ``lora`` (the policy's PeftModel) with no ``ref_model``: the
+    reference is the policy with adapters off, no model is loaded."""
     if cfg.loss in REFERENCE_FREE:
         return None
     ref_dir = cfg.ref_model or cfg.model
@@ -172,17 +178,30 @@ def reference_logps(cfg: DPOConfig, run_dir: Path, rows: list[PairIds], pad_toke
         saved = torch.load(path)
         if saved.get("fingerprint") == key:
             return saved["logps"]
-    ref, _ = load_model_and_tokenizer(ref_dir, device=device, options=cfg.model_load)
-    ref.eval()
-    out = torch.empty(len(rows), 2, dtype=torch.float32)
-    with torch.no_grad():
-        for i in range(0, len(rows), cfg.batch_size):
-            c, r, _, _ = response_logps(ref, rows[i: i + cfg.batch_size], pad_token_id)
-            out[i: i + len(c), 0], out[i: i + len(c), 1] = c.cpu(), r.cpu()
-    del ref
+    if lora is not None and cfg.ref_model is None:
+        policy = lora.get_base_model()
+        was_training = policy.training
+        policy.eval()
+        with adapters_off(lora) as ref:
+            out = _logps_of(ref, rows, pad_token_id, cfg.batch_size)
+        policy.train(was_training)
+    else:
+        ref, _ = load_model_and_tokenizer(ref_dir, device=device, options=cfg.model_load)
+        ref.eval()
+        out = _logps_of(ref, rows, pad_token_id, cfg.batch_size)
+        del ref
     tmp = path.with_suffix(".tmp")
     torch.save({"fingerprint": key, "logps": out}, tmp)
     tmp.replace(path)
+    return out
+
+
+def _logps_of(model, rows: list[PairIds], pad_token_id: int, batch_size: int) -> torch.Tensor:
+    out = torch.empty(len(rows), 2, dtype=torch.float32)
+    with torch.no_grad():
+        for i in range(0, len(rows), batch_size):
+            c, r, _, _ = response_logps(model, rows[i: i + batch_size], pad_token_id)
+            out[i: i + len(c), 0], out[i: i + len(c), 1] = c.cpu(), r.cpu()
     return out
 
 
@@ -205,7 +224,11 @@ def run_dpo(cfg: DPOConfig, *, resume: bool = False, progress: bool = True) -> d
     start = time.perf_counter()
     device = resolve_device("dpo.device", cfg.device)
     ckpt = latest_checkpoint(run_dir) if resume else None
-    model, tokenizer = load_model_and_tokenizer(str(ckpt or cfg.model), device=device, options=cfg.model_load)
+    lora = None
+    if cfg.lora.enabled:  # the base from cfg.model, the adapter (resume) from the checkpoint
+        lora, model, tokenizer = load_for_training(cfg.model, cfg.lora, ckpt, device=device, options=cfg.model_load)
+    else:
+        model, tokenizer = load_model_and_tokenizer(str(ckpt or cfg.model), device=device, options=cfg.model_load)
     pairs = [p for f in cfg.pair_files for p in load_pairs(f)]
     max_length = cfg.max_length or getattr(model.config, "max_position_embeddings", None)
     rows, dropped = encode_pairs(tokenizer, pairs, max_length)
@@ -213,7 +236,7 @@ def run_dpo(cfg: DPOConfig, *, resume: bool = False, progress: bool = True) -> d
         print(f"dpo: dropped {dropped} of {len(pairs)} pairs longer than {max_length} tokens")
     if not rows:
         raise UserError(f"dpo: no pair fits max_length={max_length} tokens")
-    ref = reference_logps(cfg, run_dir, rows, tokenizer.pad_token_id, device)
+    ref = reference_logps(cfg, run_dir, rows, tokenizer.pad_token_id, device, lora=lora)
     loss_fn = PREFERENCE_LOSSES.get(cfg.loss)
     steps = math.ceil(cfg.epochs * len(rows) / cfg.batch_size)
     model.train()
@@ -248,10 +271,13 @@ def run_dpo(cfg: DPOConfig, *, resume: bool = False, progress: bool = True) -> d
             if step % cfg.log_every == 0 or step == steps:
                 logger.log(step, metrics)
             if step % cfg.checkpoint_every == 0 and step < steps:
-                save_checkpoint(run_dir, step, model, tokenizer, training_state(step, opt, sched, gen))
+                save_checkpoint(run_dir, step, lora if lora is not None else model, tokenizer, training_state(step, opt, sched, gen))
                 prune_checkpoints(run_dir, keep=1)
             bar.update(job, advance=1, description=f"dpo loss {metrics['train/loss']:.3f}")
     logger.close()
-    save_model_dir(run_dir / "final", model, tokenizer)
+    if lora is not None:
+        save_final(run_dir / "final", lora, tokenizer, cfg.lora)
+    else:
+        save_model_dir(run_dir / "final", model, tokenizer)
     return {"pairs": len(rows), "dropped": dropped, "steps": steps, **metrics,
             "seconds": time.perf_counter() - start}

@@ -59,6 +59,7 @@ from rlvr.model.checkpoint import (
     save_model_dir,
 )
 from rlvr.model.load import ModelLoadConfig, load_model_and_tokenizer
+from rlvr.model.lora import LoraConfig, adapters_off, load_for_training, sampling_weights, save_final
 from rlvr.monitor.alerts import AlertLog, RunStopped, read_alerts
 from rlvr.monitor.config import MonitorConfig
 from rlvr.monitor.metrics import MetricsLogger, read_metrics
@@ -183,6 +184,9 @@ class GRPOConfig:
     """Hugging Face causal-LM directory to start from."""
     model_load: ModelLoadConfig = field(default_factory=ModelLoadConfig)
     """How the model directory is loaded: dtype, trust_remote_code, chat_template."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters instead of full fine-tuning (docs/lora.md): the engine samples from the merged
+    weights, the KL reference is the model with adapters off (no reference model loaded)."""
     out: str = "runs/grpo"
     """Run directory (config, metrics, checkpoints, final model)."""
     seed: int = 0
@@ -270,6 +274,10 @@ class GRPOConfig:
             check_range(f"domain_weights.{name}", w, 0.0)
         if self.domain_weights and not any(self.domain_weights.get(d, 1.0) > 0 for d in self.domains):
             raise ConfigError("config key 'domain_weights': every training domain weighs 0")
+        if self.lora.enabled and (self.asynchronous.enabled or self.backend == "ray"):
+            raise ConfigError("config key 'lora.enabled' works with the synchronous local rollout only: set "
+                              "'asynchronous.enabled: false' and 'backend: local' (engine copies and Ray actors "
+                              "take full state dicts, not adapters; docs/lora.md)")
         if self.curriculum.enabled and self.asynchronous.enabled:
             raise ConfigError("config keys 'curriculum.enabled' and 'asynchronous.enabled' cannot both be true: "
                               "the scheduler learns from each batch before drawing the next, which the "
@@ -318,7 +326,10 @@ def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) ->
     run.logger.close()
     if run.envs is not None:
         run.envs.close()
-    save_model_dir(run.dir / "final", run.model, run.tokenizer)
+    if run.lora is not None:  # merged (a plain model) or the adapter, as lora.save says
+        run.model = save_final(run.dir / "final", run.lora, run.tokenizer, cfg.lora)
+    else:
+        save_model_dir(run.dir / "final", run.model, run.tokenizer)
     if cfg.curriculum.enabled:
         (run.dir / "curriculum.json").write_text(json.dumps(
             {"events": run.pool.events, "frontier": run.pool.frontier, "tasks": run.pool.task_report()}, indent=1))
@@ -355,6 +366,7 @@ class Run:
     eval_tasks: list[Task] = field(default_factory=list)  # the periodic eval suite, built once
     alerts: AlertLog | None = None  # alerts.jsonl (seesaw control, the detectors)
     monitor: Monitor | None = None  # the detectors and the trajectory sample
+    lora: object | None = None  # lora.enabled: the PeftModel around ``model`` (its get_base_model())
 
 
 def setup(cfg: GRPOConfig, resume: bool) -> Run:
@@ -363,9 +375,13 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     run_dir = prepare_run_dir(cfg.out, cfg)
     ckpt = latest_checkpoint(run_dir) if resume else None
     device = resolve_device("device", cfg.device)
-    model, tokenizer = load_model_and_tokenizer(str(ckpt) if ckpt else cfg.model, device=device, options=cfg.model_load)
+    lora = None
+    if cfg.lora.enabled:  # the base from cfg.model, the adapter (resume) from the checkpoint
+        lora, model, tokenizer = load_for_training(cfg.model, cfg.lora, ckpt, device=device, options=cfg.model_load)
+    else:
+        model, tokenizer = load_model_and_tokenizer(str(ckpt) if ckpt else cfg.model, device=device, options=cfg.model_load)
     ref_model = None
-    if cfg.algo.kl_coef > 0:
+    if cfg.algo.kl_coef > 0 and lora is None:  # with LoRA the reference is the model with adapters off
         ref_model, _ = load_model_and_tokenizer(cfg.model, device=device, options=cfg.model_load)
         ref_model.eval().requires_grad_(False)
     user_tasks = file_tasks(cfg.task_files, check=False)
@@ -394,7 +410,7 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     monitor = Monitor(cfg.monitor, run_dir, alerts, cfg.reward, code_tools(), seed=cfg.seed,
                       history=read_metrics(run_dir), trajectories_every=cfg.save_trajectories_every)
     return Run(cfg, run_dir, model, tokenizer, ref_model, optimizer, scheduler, pool, generator, logger, step,
-               time.perf_counter(), sandbox, envs, eval_tasks=eval_tasks, alerts=alerts, monitor=monitor)
+               time.perf_counter(), sandbox, envs, eval_tasks=eval_tasks, alerts=alerts, monitor=monitor, lora=lora)
 
 
 def eval_task_set(cfg: GRPOConfig) -> list[Task]:
@@ -428,7 +444,13 @@ def generation(run: Run, tokenizer) -> Callable:
 def rollout(run: Run, tasks: list[Task], policy_version: int) -> list[Episode]:
     """One batch of episodes from the trainer's model, as the synchronous source makes it."""
     run.model.eval()
-    return generation(run, run.tokenizer)(run.model, tasks, policy_version, run.envs, run.generator)
+    with sampling(run) as model:  # LoRA: the merged weights
+        return generation(run, run.tokenizer)(model, tasks, policy_version, run.envs, run.generator)
+
+
+def sampling(run: Run):
+    """The model the engine samples from: the trainer's, merged with its LoRA adapters if any."""
+    return sampling_weights(run.lora) if run.lora is not None else contextlib.nullcontext(run.model)
 
 
 def rollout_source(run: Run, cfg: GRPOConfig) -> RolloutSource:
@@ -510,6 +532,12 @@ def update(run: Run, kept: list[Scored], advantages: list[float], cfg: GRPOConfi
     if run.ref_model is not None:
         with torch.no_grad():
             batch.ref_logprobs = logprobs_of(run.ref_model, batch, a)
+    elif a.kl_coef > 0 and run.lora is not None:  # LoRA: the reference is the same model with adapters off
+        was_training = run.model.training
+        run.model.eval()
+        with torch.no_grad(), adapters_off(run.lora) as ref:
+            batch.ref_logprobs = logprobs_of(ref, batch, a)
+        run.model.train(was_training)
     off_policy = off_policy_correction(run, batch, kept, cfg) if cfg.asynchronous.enabled else {}
     mismatch: list[float] = []  # rollout/logprob_mismatch_kl, from forwards before the first optimizer step
     run.model.train()
@@ -687,8 +715,9 @@ def group_reward_std(scored: list[Scored]) -> float:
 def eval_report(run: Run, cfg: GRPOConfig, path: Path) -> dict:
     """The eval suite on the current policy, written as JSON to ``path`` (``rlvr eval``'s format)."""
     suite = {"suite": get_suite(cfg.eval_suite).record()} if cfg.eval_suite else {}
-    report = {"model": str(run.dir), **suite, "fingerprint": fingerprint(run.eval_tasks),
-              **evaluate(run.model, run.tokenizer, run.eval_tasks, cfg.eval, seed=cfg.seed)}
+    with sampling(run) as model:
+        report = {"model": str(run.dir), **suite, "fingerprint": fingerprint(run.eval_tasks),
+                  **evaluate(model, run.tokenizer, run.eval_tasks, cfg.eval, seed=cfg.seed)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
     return report
@@ -718,5 +747,5 @@ def stopped(run: Run, cfg: GRPOConfig, stop: RunStopped) -> None:
 def checkpoint(run: Run, cfg: GRPOConfig) -> None:
     pool = run.pool_state if run.pool_state is not None else run.pool.state_dict()  # async: not the producer's
     state = training_state(run.step, run.optimizer, run.scheduler, run.generator, pool=pool)
-    save_checkpoint(run.dir, run.step, run.model, run.tokenizer, state)
+    save_checkpoint(run.dir, run.step, run.lora if run.lora is not None else run.model, run.tokenizer, state)  # LoRA: the adapter
     prune_checkpoints(run.dir, keep=cfg.keep_checkpoints)

@@ -27,6 +27,7 @@ from rlvr.algos.losses import sft_loss
 from rlvr.config import check_device, check_range, resolve_device, to_dict
 from rlvr.model.checkpoint import save_model_dir
 from rlvr.model.load import ModelLoadConfig, load_model_and_tokenizer
+from rlvr.model.lora import LoraConfig, apply_lora, save_final
 from rlvr.model.tokenizer import encode_chat_prompt, encode_completion
 from rlvr.monitor.metrics import MetricsLogger
 from rlvr.monitor.trackers import TrackerConfig, open_trackers
@@ -50,6 +51,8 @@ class SFTConfig:
     """Hugging Face causal-LM directory to start from."""
     model_load: ModelLoadConfig = field(default_factory=ModelLoadConfig)
     """How the model directory is loaded: dtype, trust_remote_code, chat_template."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters instead of full fine-tuning (docs/lora.md); ``final/`` merged or an adapter."""
     out: str = "runs/sft"
     """Run directory; the model lands in <out>/final."""
     seed: int = 0
@@ -147,6 +150,9 @@ def run_sft(cfg: SFTConfig, *, progress: bool = True) -> dict:
     start = time.perf_counter()
     device = resolve_device("sft.device", cfg.device)
     model, tokenizer = load_model_and_tokenizer(cfg.model, device=device, options=cfg.model_load)
+    lora = apply_lora(model, cfg.lora, base_path=cfg.model) if cfg.lora.enabled else None
+    if lora is not None:  # train the adapters of the same module tree; only they require grad
+        model = lora.get_base_model()
     model.train()
     tasks = build_task_set(cfg.domains, "train", cfg.train_tasks, seed=cfg.seed, levels=cfg.levels)
     tasks += demonstration_tasks(cfg.task_files)
@@ -185,5 +191,8 @@ def run_sft(cfg: SFTConfig, *, progress: bool = True) -> dict:
                                   "train/lr": sched.get_last_lr()[0]})
             bar.update(job, advance=1, description=f"sft loss {loss_value:.3f}")
     logger.close()
-    save_model_dir(run_dir / "final", model, tokenizer)
+    if lora is not None:
+        save_final(run_dir / "final", lora, tokenizer, cfg.lora)
+    else:
+        save_model_dir(run_dir / "final", model, tokenizer)
     return {"loss": loss_value, "examples": len(examples), "seconds": time.perf_counter() - start}
