@@ -5,7 +5,8 @@ Per family (docs/architectures.md):
 (a) the engine's sampling log-probs (temperature 1) = the training forward's (grpo's
     ``logprobs_of``: the flat / row / padded layout ``packed_logprobs`` picks) = transformers' own
     ``model(input_ids).logits.log_softmax`` on each sequence alone, within ``ATOL``;
-(b) the padding-free training forward (flat, shared prompts, rows) = the padded forward;
+(b) the padding-free training forward (flat, shared prompts, rows) = the padded forward, in
+    log-probs and in gradients;
 (c) one GRPO step (``run_grpo``) changes every parameter (MoE: every expert, see the test);
 (d) the saved ``final/`` reloads in plain transformers and gives the trained model's logits.
 Plus which families the fast decoder takes (``decoder.fast_path_reason``) and which layout the
@@ -38,6 +39,8 @@ NEW_TOKENS = 16
 FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),  # q/k/v biases
+    "qwen2_window": ("Qwen2Config", "Qwen2ForCausalLM", {  # layer 0 global, layer 1 sliding
+        "use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 8}),  # q/k norm
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": WINDOW}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {
@@ -54,7 +57,7 @@ FAMILIES = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
 }
 FAST = {"llama", "qwen2", "qwen3", "phi3"}  # the families the fast decoder takes at these lengths
-FLAT = {"llama", "qwen2", "qwen3", "phi3"}  # the flat (per-sequence attention) training layout
+FLAT = {"llama", "qwen2", "qwen2_window", "qwen3", "mistral", "phi3"}  # the flat (per-sequence attention) training layout
 MOE = {"qwen2_moe", "mixtral"}
 
 
@@ -175,6 +178,18 @@ def test_padding_free_forward_matches_padded(family, tokenizer):
     for name, lp in layouts.items():
         torch.testing.assert_close(lp, padded, atol=ATOL, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
 
+    def grads(logprobs) -> dict[str, torch.Tensor]:
+        model.zero_grad()
+        (logprobs * want).sum().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    # gradients too: the default training layout with shared prompts against the padded forward
+    expected = grads(sequence_logprobs(model, ids, mask))
+    got = grads(packed_logprobs(model, ids, mask, want, share_prompts=True))
+    assert got.keys() == expected.keys()
+    for n in expected:
+        torch.testing.assert_close(got[n], expected[n], atol=1e-5, rtol=1e-3, msg=lambda m, n=n: f"{n}: {m}")
+
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_grpo_step_changes_every_parameter_and_final_reloads(family, family_dirs, tmp_path, monkeypatch):
@@ -222,7 +237,7 @@ def test_grpo_step_changes_every_parameter_and_final_reloads(family, family_dirs
 def test_fast_path_reason_names_why_each_family_falls_back(tokenizer):
     from rlvr.rollout import decoder
 
-    words = {"gemma2": "soft-capping", "gemma3": "sliding",
+    words = {"qwen2_window": "sliding-window", "gemma2": "soft-capping", "gemma3": "sliding",
              "qwen2_moe": "mixture-of-experts", "mixtral": "mixture-of-experts", "mistral": "sliding-window"}
     for family in FAMILIES:
         config = build(family, tokenizer).config

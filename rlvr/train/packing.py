@@ -338,7 +338,8 @@ def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     inputs = {"input_ids": rows.input_ids, "use_cache": False}
     layout = contextlib.nullcontext()
     if per_sequence:
-        inputs.update(position_ids=rows.position_ids, **sequence_attention.indices(rows.slot, real))
+        window = sequence_attention.window_of(model, max(lengths))
+        inputs.update(position_ids=rows.position_ids, **sequence_attention.indices(rows.slot, real, window))
         layout = sequence_attention.sequence_layout(model)
     elif packing:
         mask = rows.attention_mask(next(model.parameters()).dtype)

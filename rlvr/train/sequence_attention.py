@@ -29,8 +29,11 @@ attention needs to know which tokens belong together; it runs here, one sequence
   the same model while the swap is on) runs transformers' own SDPA attention with its own mask,
   unchanged.
 - ``supported(model, longest)``: transformers with the attention and mask interfaces, a decoder
-  family whose attention is plain scaled-dot-product (``_FAMILIES``) and no sliding window
-  shorter than the longest sequence. Other models keep the row layout.
+  family whose attention is plain scaled-dot-product (``_FAMILIES``), and a sliding window only
+  where it cuts nothing or the family passes each layer's window to the attention function
+  (``_WINDOWED``: Mistral, Qwen2/3, Phi-3): those layers run under ``rlvr_window_mask`` (a key
+  at most ``window - 1`` positions back), built once per forward by ``indices(window=...)``.
+  Other models keep the row layout (``packing.window_reason``: never rows under a cutting window).
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ ATTENTION = "rlvr_sequences"
 # sinks or per-layer windows beyond ``sliding_window``): the same list as ``packing._PLAIN_HEAD``
 # today, kept apart because it says something else.
 _FAMILIES = {"llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "olmo2"}
+# Families whose attention layers pass their own ``sliding_window`` (None on a global layer) to the
+# attention function: a window shorter than the sequences runs here under a window mask.
+_WINDOWED = {"mistral", "qwen2", "qwen3", "phi3"}
 _ACTIVE = threading.local()  # set while this thread runs a flat forward: its mask function returns None
 _REGISTERED: list[bool] = []
 
@@ -55,7 +61,8 @@ def sequence_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
                        rlvr_queries: torch.Tensor | None = None, rlvr_owner: torch.Tensor | None = None,
                        rlvr_keys: torch.Tensor | None = None, rlvr_key_first: torch.Tensor | None = None,
                        rlvr_key_more: torch.Tensor | None = None, rlvr_key_shared: torch.Tensor | None = None,
-                       rlvr_mask: torch.Tensor | None = None, **kwargs):
+                       rlvr_mask: torch.Tensor | None = None, rlvr_window_mask: torch.Tensor | None = None,
+                       sliding_window: int | None = None, **kwargs):
     """transformers attention function. query [1, h, N, d], key/value [1, h_kv, N, d] over the
     flat row's N slots; the ``rlvr_*`` arguments are ``indices(slot, real)``'s. Returns
     ([1, N, h, d], None)."""
@@ -63,7 +70,7 @@ def sequence_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                                      **kwargs)
+                                      sliding_window=sliding_window, **kwargs)
     rows, Q = rlvr_queries.shape
 
     def read(x: torch.Tensor, index: torch.Tensor, first, more, shared) -> torch.Tensor:
@@ -76,6 +83,8 @@ def sequence_attention(module, query: torch.Tensor, key: torch.Tensor, value: to
     if k.shape[1] != q.shape[1]:  # grouped-query attention: each kv head serves h / h_kv query heads
         rep = q.shape[1] // k.shape[1]
         k, v = (x.repeat_interleave(rep, dim=1) for x in (k, v))
+    if sliding_window is not None and rlvr_window_mask is not None:  # a windowed layer (``window_mask``)
+        rlvr_mask = rlvr_window_mask
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=rlvr_mask, is_causal=rlvr_mask is None,
                                                            scale=scaling, dropout_p=dropout)
     h, d = out.shape[1], out.shape[3]
@@ -123,7 +132,7 @@ class _TakeOwners(torch.autograd.Function):
         return grad.new_zeros((ctx.rows, *grad.shape[1:])).index_copy(0, owner, grad), None
 
 
-def indices(slot: torch.Tensor, real: torch.Tensor) -> dict[str, torch.Tensor]:
+def indices(slot: torch.Tensor, real: torch.Tensor, window: int | None = None) -> dict[str, torch.Tensor]:
     """The forward keyword arguments of ``sequence_attention`` for a flat layout whose sequence
     positions ``[B, T]`` sit at ``slot`` (``real``: not padding; the slots of a shared prompt are
     held by every sequence of its group).
@@ -141,6 +150,9 @@ def indices(slot: torch.Tensor, real: torch.Tensor) -> dict[str, torch.Tensor]:
     rlvr_key_first, rlvr_key_more, rlvr_key_shared: the keys' readers (``_readers``)
     rlvr_mask    [rows, 1, Q, T] bool, with shared prompts: key j is seen by query i of a row
                  whose queries start at position ``o`` iff ``j <= o + i`` and j is in the row
+    rlvr_window_mask [rows, 1, Q, T] bool, with ``window`` (a sliding window, ``window_of``): the
+                 same, and ``o + i - j < window``; the layers that pass a ``sliding_window`` use it
+                 (queries past a row's end keep the plain mask: no empty softmax row, no NaN)
     """
     B, T = slot.shape
     device = slot.device
@@ -168,8 +180,12 @@ def indices(slot: torch.Tensor, real: torch.Tensor) -> dict[str, torch.Tensor]:
     first, more, shared = _readers(keys.reshape(-1), (j < key_len[:, None]).reshape(-1), n)
     out = {"rlvr_queries": queries, "rlvr_owner": owner, "rlvr_keys": keys, "rlvr_key_first": first,
            "rlvr_key_more": more, "rlvr_key_shared": shared}
+    position = (start[:, None] + i)[:, :, None]  # [rows, Q, 1]: each query's position in its sequence
+    plain = (j <= position) & (j < key_len[:, None, None])
     if len(leaders):
-        out["rlvr_mask"] = ((j <= (start[:, None] + i)[:, :, None]) & (j < key_len[:, None, None]))[:, None]
+        out["rlvr_mask"] = plain[:, None]
+    if window is not None:
+        out["rlvr_window_mask"] = (plain & ((position - j < window) | ~asks[:, :, None]))[:, None]
     return out
 
 
@@ -215,13 +231,22 @@ def _register() -> bool:
     return _REGISTERED[0]
 
 
+def window_of(model: torch.nn.Module, longest: int) -> int | None:
+    """The model's sliding window when it is shorter than ``longest`` (it cuts), else None."""
+    cfg = getattr(model, "config", None)
+    window = getattr(cfg, "sliding_window", None)
+    if window and getattr(cfg, "use_sliding_window", True) and longest > window:
+        return int(window)
+    return None
+
+
 def supported(model: torch.nn.Module, longest: int) -> bool:
     """Whether ``model``'s attention can run per sequence (see the module docstring)."""
     cfg = getattr(model, "config", None)
-    if getattr(cfg, "model_type", None) not in _FAMILIES or not getattr(model, "_supports_attention_backend", False):
+    model_type = getattr(cfg, "model_type", None)
+    if model_type not in _FAMILIES or not getattr(model, "_supports_attention_backend", False):
         return False
-    window = getattr(cfg, "sliding_window", None)
-    if window and getattr(cfg, "use_sliding_window", True) and longest > window:
+    if window_of(model, longest) is not None and model_type not in _WINDOWED:
         return False
     return _register()
 
