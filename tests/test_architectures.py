@@ -292,3 +292,20 @@ def test_fast_decoder_next_turn_on_a_kept_cache_matches_transformers(family, tok
         seq = torch.tensor([turn + c.token_ids])
         ref = reference_logprobs(model, seq, torch.ones_like(seq))[0, len(turn):]
         torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_gemma_whose_window_cuts_nothing_runs_in_packed_rows(family, tokenizer):
+    """Gemma 2/3 with a window longer than every sequence: the row layout (a 4D mask standing for
+    every layer's) is exact, soft-capping included, and is what shared prompts run on."""
+    from rlvr.model.logprobs import sequence_logprobs
+    from rlvr.train import packing
+
+    model = build(family, tokenizer, sliding_window=256)
+    ids, mask, want, _ = sampled_batch(model, tokenizer)
+    assert packing.window_reason(model, ids.shape[1]) is None
+    with torch.no_grad():
+        padded = sequence_logprobs(model, ids, mask) * want
+        for lp in (packing.packed_logprobs(model, ids, mask, want, share_prompts=True),
+                   packing.packed_logprobs(model, ids, mask, want, packing=True, width=2 * ids.shape[1])):
+            torch.testing.assert_close(lp, padded, atol=ATOL, rtol=0)

@@ -28,10 +28,12 @@ What it does:
 - ``packed_logprobs`` runs the model once: on the ``flat`` layout when
   ``sequence_attention.supported`` (Llama, Qwen2/3, Mistral, Phi-3 ... with transformers' attention
   interface) and no ``width`` is asked for; else packed in rows when that removes at least
-  ``PACK_MIN_SAVING`` (10%) of the token slots, else on ``causal_rows``. A model with a sliding
-  window shorter than the longest sequence (Mistral, Gemma 2/3's sliding layers; ``window_reason``)
-  never runs in rows: their 4D mask would stand for every layer's mask and drop the window, so it
-  runs on ``causal_rows``, where transformers builds each layer's mask itself. It returns the same
+  ``PACK_MIN_SAVING`` (10%) of the token slots, else on ``causal_rows``. The flat layout honours
+  sliding windows (Mistral, Qwen2/3, Phi-3: ``sequence_attention.window_of``); a model with a
+  window shorter than the longest sequence never runs in rows (``window_reason``: Gemma 2/3's
+  sliding layers, or any windowed model when a ``width`` is asked for): their 4D mask would stand
+  for every layer's mask and drop the window, so it runs on ``causal_rows``, where transformers
+  builds each layer's mask itself. It returns the same
   ``[B, T]`` log-probs as ``rlvr.model.logprobs.sequence_logprobs`` at the positions asked for
   (``want``, e.g. the loss mask), 0.0 elsewhere. The language-model head and the log-softmax run
   only at those positions (for plain-head decoders: Llama, Qwen2/3, Mistral, Phi-3 ...): no
