@@ -252,3 +252,15 @@ def test_killed_grpo_lora_run_resumes_to_same_metrics(tiny_model_dir, tmp_path, 
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     fa, fb = load_file(tmp_path / "straight/final/model.safetensors"), load_file(tmp_path / "crashed/final/model.safetensors")
     assert all(torch.equal(fa[k], fb[k]) for k in fa)
+
+
+def test_bf16_base_keeps_float32_adapters_and_the_fast_decoder_samples_it(tiny_model_dir):
+    from rlvr.rollout.decoder import unsupported_reason
+
+    model, tok = load_model_and_tokenizer(tiny_model_dir, dtype=torch.bfloat16)
+    peft_model = apply_lora(model, LoraConfig(enabled=True, r=4))
+    adapters = {n: p for n, p in peft_model.named_parameters() if "lora_" in n}
+    assert {p.dtype for p in adapters.values()} == {torch.float32}  # peft's default: trainable in fp32
+    with sampling_weights(peft_model) as merged:
+        assert unsupported_reason(merged) is None  # one dtype while sampling: the fast path
+    assert all(p.dtype == torch.float32 for p in adapters.values())

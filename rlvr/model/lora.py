@@ -145,19 +145,27 @@ def lora_layers(peft_model) -> list[torch.nn.Module]:
 def sampling_weights(peft_model) -> Iterator[torch.nn.Module]:
     """The merged model for the block (for the rollout engine and eval): each LoRA layer's base
     weight swapped for ``W + delta`` with adapters disabled; the original tensors restored after,
-    untouched. Yields ``get_base_model()``. Costs one extra copy of the targeted matrices while
-    it lasts."""
+    untouched (and float32 adapters on a bf16 base shown in bf16, for the fast decoder's
+    one-dtype rule). Yields ``get_base_model()``. Costs one extra copy of the targeted matrices
+    while it lasts."""
     layers = lora_layers(peft_model)
     originals = []
     with torch.no_grad():
         merged = [layer.get_base_layer().weight.detach() + layer.get_delta_weight(ADAPTER).to(layer.get_base_layer().weight.dtype)
                   for layer in layers]
+    dtype = peft_model.get_base_model().get_input_embeddings().weight.dtype
     with adapters_off(peft_model) as base:
         try:
             for layer, w in zip(layers, merged):
                 param = layer.get_base_layer().weight
                 originals.append((param, param.data))
                 param.data = w
+            # peft keeps the adapters in float32 on a bf16/fp16 base; unused while they are off,
+            # they are shown in the base's dtype so the engine's fast decoder (one dtype) takes it
+            for name, param in base.named_parameters():
+                if "lora_" in name and param.dtype != dtype:
+                    originals.append((param, param.data))
+                    param.data = param.data.to(dtype)
             yield base
         finally:
             for param, data in originals:
