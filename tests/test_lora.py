@@ -264,3 +264,22 @@ def test_bf16_base_keeps_float32_adapters_and_the_fast_decoder_samples_it(tiny_m
     with sampling_weights(peft_model) as merged:
         assert unsupported_reason(merged) is None  # one dtype while sampling: the fast path
     assert all(p.dtype == torch.float32 for p in adapters.values())
+
+
+def test_real_model_recipe_parses_and_its_parameter_counts_are_right():
+    """configs/real_model_lora.yaml resolves, and the counts its memory comments are computed from
+    (Qwen2.5-0.5B's shape, built on the meta device: no weights) are what peft creates."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from rlvr.config import read_yaml
+
+    cfg = from_dict(grpo.GRPOConfig, read_yaml(Path(__file__).resolve().parents[1] / "configs" / "real_model_lora.yaml"))
+    assert cfg.lora.enabled and cfg.model_load.dtype == "bfloat16" and cfg.device == "cuda"
+    shape = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                        num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(shape)
+    assert round(sum(p.numel() for p in model.parameters()) / 1e6, 1) == 494.0
+    peft_model = apply_lora(model, cfg.lora)
+    trainable, _ = trainable_count(peft_model)
+    assert round(trainable / 1e6, 2) == 8.80
