@@ -13,10 +13,10 @@ from safetensors.torch import load_file
 from test_dpo import arithmetic_pairs
 from test_grpo import _cfg, digits  # noqa: F401  (digits: the autouse fixture registering test.digits)
 
+import rlvr.model.load as load_module
 import rlvr.tasks  # noqa: F401
 from rlvr.config import from_dict, load_config
 from rlvr.errors import ConfigError
-import rlvr.model.load as load_module
 from rlvr.model.load import load_model, load_model_and_tokenizer
 from rlvr.model.logprobs import sequence_logprobs
 from rlvr.model.lora import (
@@ -257,7 +257,7 @@ def test_killed_grpo_lora_run_resumes_to_same_metrics(tiny_model_dir, tmp_path, 
 def test_bf16_base_keeps_float32_adapters_and_the_fast_decoder_samples_it(tiny_model_dir):
     from rlvr.rollout.decoder import unsupported_reason
 
-    model, tok = load_model_and_tokenizer(tiny_model_dir, dtype=torch.bfloat16)
+    model = load_model(tiny_model_dir, dtype=torch.bfloat16)
     peft_model = apply_lora(model, LoraConfig(enabled=True, r=4))
     adapters = {n: p for n, p in peft_model.named_parameters() if "lora_" in n}
     assert {p.dtype for p in adapters.values()} == {torch.float32}  # peft's default: trainable in fp32
@@ -283,3 +283,31 @@ def test_real_model_recipe_parses_and_its_parameter_counts_are_right():
     peft_model = apply_lora(model, cfg.lora)
     trainable, _ = trainable_count(peft_model)
     assert round(trainable / 1e6, 2) == 8.80
+
+
+def test_killed_dpo_lora_run_resumes_from_its_adapter_checkpoint(tiny_model_dir, tmp_path, monkeypatch):
+    pairs = arithmetic_pairs(tmp_path / "pairs.jsonl", n=8)
+
+    def cfg(out):
+        return from_dict(dpo.DPOConfig, {"model": tiny_model_dir, "pair_files": [pairs], "out": str(out),
+                                         "batch_size": 2, "epochs": 1, "log_every": 1, "checkpoint_every": 2,
+                                         "optim": {"lr": 1e-2, "warmup_steps": 0}, "lora": {"enabled": True, "r": 4}})
+
+    dpo.run_dpo(cfg(tmp_path / "a"), progress=False)
+    real_step, calls = dpo.clip_and_step, []
+
+    def step_then_die(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:  # dies inside step 4: the newest checkpoint is step 2
+            raise KeyboardInterrupt
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(dpo, "clip_and_step", step_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        dpo.run_dpo(cfg(tmp_path / "b"), progress=False)
+    assert is_adapter_dir(tmp_path / "b" / "checkpoints" / "step_2")
+    monkeypatch.setattr(dpo, "clip_and_step", real_step)
+    dpo.run_dpo(cfg(tmp_path / "b"), resume=True, progress=False)
+    assert read_metrics(tmp_path / "a") == read_metrics(tmp_path / "b")
+    a, b = load_file(tmp_path / "a/final/model.safetensors"), load_file(tmp_path / "b/final/model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
