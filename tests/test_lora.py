@@ -311,3 +311,21 @@ def test_killed_dpo_lora_run_resumes_from_its_adapter_checkpoint(tiny_model_dir,
     assert read_metrics(tmp_path / "a") == read_metrics(tmp_path / "b")
     a, b = load_file(tmp_path / "a/final/model.safetensors"), load_file(tmp_path / "b/final/model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("save", ["merged", "adapter"])
+def test_cli_train_with_lora_evaluates_during_and_after_and_eval_reads_final(tiny_model_dir, tmp_path, save):
+    from test_bring_your_own import FAST, qa_rows, write_csv
+
+    from rlvr.cli import main
+
+    train, held_out = write_csv(tmp_path / "train.csv", qa_rows(1, 8)), write_csv(tmp_path / "eval.csv", qa_rows(40, 3))
+    run = tmp_path / "run"
+    files = ["--map", "prompt=question", "--verifier", "number"]
+    assert main(["train", "--model", tiny_model_dir, "--tasks", train, "--eval-tasks", held_out, *files, "--out", str(run),
+                 *FAST, "--set", "eval.max_new_tokens=4", "--set", "eval_every=1", "--set", "lora.enabled=true",
+                 "--set", f"lora.save={save}"]) == 0
+    assert (run / "eval" / "step_1.json").exists() and (run / "eval" / "final.json").exists()
+    assert is_adapter_dir(run / "final") == (save == "adapter")
+    assert main(["eval", "--model", str(run / "final"), "--tasks", held_out, *files, "--out", str(tmp_path / "e.json"),
+                 "--set", "max_new_tokens=4", "--no-radar"]) == 0

@@ -328,6 +328,7 @@ def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) ->
         run.envs.close()
     if run.lora is not None:  # merged (a plain model) or the adapter, as lora.save says
         run.model = save_final(run.dir / "final", run.lora, run.tokenizer, cfg.lora)
+        run.lora = run.lora if cfg.lora.save == "adapter" else None  # merged: the adapters are in the weights now
     else:
         save_model_dir(run.dir / "final", run.model, run.tokenizer)
     if cfg.curriculum.enabled:
