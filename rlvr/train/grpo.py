@@ -83,6 +83,7 @@ from rlvr.train.allocator import keep_freed_memory
 from rlvr.train.code_tools import code_tools
 from rlvr.train.batching import collate, select
 from rlvr.train.compiled import compiled_layers
+from rlvr.train.memory import checkpointing, enable_activation_checkpointing
 from rlvr.train.packing import packed_logprobs
 from rlvr.train.common import (
     OptimConfig,
@@ -166,6 +167,13 @@ class AlgoConfig:
     """``torch.compile`` the policy's decoder layers for the training forward and backward
     (``rlvr.train.compiled``): fused elementwise kernels, same loss and gradients; one compile of
     about 20-30 s per run on CPU (needs a C++ compiler there). The rollout engine stays eager."""
+    logits_chunk: int = 0
+    """Policy tokens whose logits the update computes at a time (``rlvr.train.chunked_head``; with
+    ``packing``): a long batch never holds all its N x vocabulary logits. 0: all at once."""
+    gradient_checkpointing: bool = False
+    """Activation checkpointing in the update (``rlvr.train.memory``): decoder layers recompute
+    their activations in the backward; less memory, about one more forward of time. Same loss and
+    gradients."""
 
     def __post_init__(self) -> None:
         check_choice("algo.advantage", self.advantage, ADVANTAGES.names())
@@ -176,6 +184,10 @@ class AlgoConfig:
         check_range("algo.ppo_epochs", self.ppo_epochs, 1)
         check_range("algo.microbatch_size", self.microbatch_size, 1)
         check_range("algo.minibatch_size", self.minibatch_size, 0)
+        check_range("algo.logits_chunk", self.logits_chunk, 0)
+        if self.compile and self.gradient_checkpointing:
+            raise ConfigError("config keys 'algo.compile' and 'algo.gradient_checkpointing' cannot both be true: "
+                              "the compiled layers are not recomputed in the backward")
 
 
 @dataclass
@@ -396,6 +408,8 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     refuse_eval_tasks(tasks, eval_tasks, allowed=cfg.allow_eval_tasks, key="allow_eval_tasks")
     per_step = cfg.rollout.tasks_per_step * cfg.rollout.samples_per_task
     updates_per_step = cfg.algo.ppo_epochs * math.ceil(per_step / (cfg.algo.minibatch_size or per_step))
+    if cfg.algo.gradient_checkpointing:
+        enable_activation_checkpointing(model)
     optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.steps * updates_per_step)
     envs = EnvPool(cfg.env, sandbox) if any(t.multi_turn for t in tasks) else None
     pool = Curriculum(tasks, cfg.curriculum, cfg.seed) if cfg.curriculum.enabled else TaskPool(tasks, seed=cfg.seed)
@@ -585,11 +599,17 @@ def logprobs_of(model, batch: Batch, a: AlgoConfig) -> torch.Tensor:
     """[B, T] log-probs of ``batch`` under ``model``: on policy tokens only when packing, else
     every real token but the first. ``a.precision == "bf16"``: the forward under autocast;
     ``a.compile``: with compiled decoder layers."""
-    with precision_autocast(model, a.precision), training_attention(model, a.precision), \
+    # With activation checkpointing the backward reruns each layer outside this function's
+    # contexts, so the forward must not depend on them: padded rows (the LM head still on policy
+    # tokens only) and torch's default attention backend.
+    recompute = model.training and checkpointing(model)
+    with precision_autocast(model, a.precision), \
+            contextlib.nullcontext() if recompute else training_attention(model, a.precision), \
             compiled_layers(model, a.compile):
         if a.packing:
             return packed_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
-                                   share_prompts=a.share_prompts)
+                                   share_prompts=a.share_prompts and not recompute,
+                                   packing=False if recompute else None, logits_chunk=a.logits_chunk)
         return sequence_logprobs(model, batch.input_ids, batch.attention_mask)
 
 
