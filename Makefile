@@ -54,6 +54,7 @@ bench: setup
 	$(PY) benchmarks/async_vs_sync.py --json runs/bench/async_vs_sync.json
 	$(PY) benchmarks/sandbox_hostile.py --json runs/bench/sandbox_hostile.json
 	$(PY) benchmarks/ray_verify.py --json runs/bench/ray_verify.json
+	$(PY) benchmarks/memory_step.py --json runs/bench/memory_step.json
 
 # Model loading on the lowest transformers pyproject.toml allows (the newest is what `make test` gets),
 # in its own venv (.venv-compat).
