@@ -38,7 +38,7 @@ browser:
 
 # Tiny models on 2 shared cores run fastest (and never oversubscribed) on one thread.
 test: setup browser
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs --durations=15
 
 test-slow: setup
 	$(PY) -m pytest -q -rs -m slow
