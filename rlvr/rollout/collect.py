@@ -24,11 +24,13 @@ def collect(
     generator: torch.Generator | None = None,
     policy_version: int = 0,
     batch_size: int | None = None,
+    engine=None,
 ) -> list[Trajectory]:
-    """Sample ``params.n`` trajectories per task, ordered task-major; group_id = task index."""
+    """Sample ``params.n`` trajectories per task, ordered task-major; group_id = task index.
+    ``engine`` (``rlvr.rollout.engines``): what generates; None = rlvr's ``generate``."""
     prompts = [encode_chat_prompt(tokenizer, list(t.prompt)) for t in tasks]
     start = time.perf_counter()
-    completions = generate(
+    completions = (engine.generate if engine is not None else generate)(
         model, prompts, params, generator=generator,
         pad_token_id=tokenizer.pad_token_id, batch_size=batch_size,
     )

@@ -110,11 +110,13 @@ def collect_episodes(
     batch_size: int | None = None,
     workers: int = 8,
     reuse_cache: bool = True,
+    engine=None,
 ) -> list[Episode]:
     """Play ``params.n`` episodes per task (task-major; ``group_id`` = task index). The per-turn
     budget is ``pool.cfg.turn_tokens`` (``params.max_new_tokens`` is ignored). ``reuse_cache``:
     a turn starts from the K/V of the episode's previous turns (False: runs the whole
-    conversation again each turn; the same tokens up to float rounding)."""
+    conversation again each turn; the same tokens up to float rounding). ``engine``
+    (``rlvr.rollout.engines``): what generates each turn; None = rlvr's ``generate``."""
     cfg = pool.cfg
     live = _start(tokenizer, tasks, params.n, pool)
     limit = min(cfg.max_context, getattr(model.config, "max_position_embeddings", cfg.max_context))
@@ -127,7 +129,7 @@ def collect_episodes(
                 break
             start = time.perf_counter()
             turns = _generate_turn(model, tokenizer, active, params, cfg, limit, generator, batch_size,
-                                   reuse_cache)
+                                   reuse_cache, engine)
             timings["generate_s"] += time.perf_counter() - start
             start = time.perf_counter()
             stepping = [e for e, turn in zip(active, turns) if _take_turn(e, turn, tokenizer, stop_ids)]
@@ -193,7 +195,7 @@ def _has_budget(e: _Live, cfg: EnvConfig, limit: int) -> bool:
 
 
 def _generate_turn(model, tokenizer, active: list[_Live], params: SamplingParams, cfg: EnvConfig,
-                   limit: int, generator, batch_size, reuse_cache: bool = True,
+                   limit: int, generator, batch_size, reuse_cache: bool = True, engine=None,
                    ) -> list[tuple[list[int], list[float], str]]:
     """One assistant turn per active episode: (ids, logprobs, cut reason or ""); with
     ``reuse_cache`` each episode's ``cache`` is read and replaced."""
@@ -215,7 +217,7 @@ def _generate_turn(model, tokenizer, active: list[_Live], params: SamplingParams
     # The episode's sampling settings (temperature, top-p, stop tokens, precision) with this turn's
     # budget and group size; turns end at stop tokens and budgets, the environment reads the text.
     turn_params = dataclasses.replace(params, max_new_tokens=max(b for b, _ in budgets), n=k, stop=())
-    completions = generate(model, prompts, turn_params, generator=generator,
+    completions = (engine.generate if engine is not None else generate)(model, prompts, turn_params, generator=generator,
                            pad_token_id=tokenizer.pad_token_id, batch_size=batch_size,
                            past=past if past and any(c is not None for c in past) else None,
                            keep_cache=reuse_cache)
@@ -250,22 +252,24 @@ def _trajectory(e: _Live, policy_version: int, timings: dict[str, float]) -> Tra
 
 def run_tasks(model, tokenizer, tasks: list[Task], params: SamplingParams, pool: EnvPool | None, *,
               generator: torch.Generator | None = None, policy_version: int = 0,
-              batch_size: int | None = None) -> list[Episode]:
+              batch_size: int | None = None, engine=None) -> list[Episode]:
     """Roll out ``params.n`` samples of every task, task-major (``group_id`` = index in
     ``tasks``): single-turn tasks in one batched ``collect`` (``params.max_new_tokens`` per
-    answer), multi-turn tasks as episodes of their environments (``pool.cfg`` budgets)."""
+    answer), multi-turn tasks as episodes of their environments (``pool.cfg`` budgets).
+    ``engine`` (``rlvr.rollout.engines``): what generates; None = rlvr's own ``generate`` on
+    ``model``."""
     multi = [i for i, t in enumerate(tasks) if t.multi_turn]
     single = [i for i, t in enumerate(tasks) if not t.multi_turn]
     episodes: list[Episode] = []
     if single:
         trajectories = collect(model, tokenizer, [tasks[i] for i in single], params, generator=generator,
-                               policy_version=policy_version, batch_size=batch_size)
+                               policy_version=policy_version, batch_size=batch_size, engine=engine)
         episodes += [Episode(dataclasses.replace(t, group_id=single[t.group_id])) for t in trajectories]
     if multi:
         if pool is None:
             raise ValueError("multi-turn tasks need an EnvPool")
         played = collect_episodes(model, tokenizer, [tasks[i] for i in multi], params, pool, generator=generator,
-                                  policy_version=policy_version, batch_size=batch_size)
+                                  policy_version=policy_version, batch_size=batch_size, engine=engine)
         episodes += [Episode(dataclasses.replace(ep.trajectory, group_id=multi[ep.trajectory.group_id]), ep.env)
                      for ep in played]
     episodes.sort(key=lambda ep: ep.trajectory.group_id)  # stable: samples keep their order

@@ -104,8 +104,13 @@ def check_canary(engine: torch.nn.Module, ids: list[int], expected: torch.Tensor
                  tolerance: float) -> None:
     """Raise ``StaleWeightsError`` unless ``engine``'s log-probs of the canary ``ids`` match the
     trainer's probe ``expected`` of ``version`` within ``tolerance`` (in-process and on workers)."""
-    got = probe(engine, ids)
-    err = float((got - expected).abs().max())
+    compare_canary(probe(engine, ids), expected, version, previous, tolerance)
+
+
+def compare_canary(got: torch.Tensor, expected: torch.Tensor, version: int, previous: int, tolerance: float) -> None:
+    """The canary's verdict on log-probs ``got`` from any engine (a model copy, or vLLM's prompt
+    log-probs: ``rlvr.rollout.vllm_engine``) against the trainer's probe ``expected``."""
+    err = float((got.float() - expected.float()).abs().max())
     if not err <= tolerance:  # also catches nan
         raise StaleWeightsError(
             f"rollout engine serves stale weights: trainer pushed version {version}, the engine's "

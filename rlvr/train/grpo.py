@@ -97,6 +97,8 @@ from rlvr.train.common import (
 )
 from rlvr.types import Batch, Scored, Task
 from rlvr.workers.config import RayConfig
+from rlvr.rollout.engines import ENGINES, EngineSetup, EngineSource, RolloutEngine
+from rlvr.rollout.vllm_engine import VLLMConfig, require_vllm
 
 BACKENDS = ("local", "ray")
 
@@ -118,13 +120,42 @@ class RolloutConfig:
     precision: str = "model"
     """model | bf16: the engine's matrix multiplies in the model's dtype or in bfloat16 (the
     rest in the model's dtype; ``SamplingParams.precision``, docs/rollout.md)."""
+    engine: str = "rlvr"
+    """rlvr | vllm: what generates the rollouts: rlvr's own engine on the trainer's model, or vLLM
+    in this process on its GPU, weights pushed after each update (the ``vllm`` extra;
+    ``rlvr.rollout.engines``, docs/rollout.md "vLLM engine"). Eval always uses rlvr's engine."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """With ``engine: vllm``: vLLM's memory share, dtype, CUDA graphs, context, canary tolerance."""
 
     def __post_init__(self) -> None:
         check_choice("rollout.precision", self.precision, list(PRECISIONS))
+        check_choice("rollout.engine", self.engine, ENGINES.names())
+        if self.engine == "vllm":
+            require_vllm()  # the extra and CUDA, named in one line
+            if self.precision != "model":
+                raise ConfigError("config key 'rollout.precision' is rlvr's engine's; with 'rollout.engine: vllm' "
+                                  "set 'rollout.vllm.dtype' instead")
         check_range("rollout.tasks_per_step", self.tasks_per_step, 1)
         check_range("rollout.samples_per_task", self.samples_per_task, 1)
         check_range("rollout.temperature", self.temperature, 0.0)
         check_range("rollout.top_p", self.top_p, 0.0, 1.0)
+
+
+def refuse_with_engine(cfg) -> None:
+    """What a rollout engine other than rlvr's (``rollout.engine``) does not run with: it gets the
+    weights from the synchronous loop after each update, in this process, as full state dicts."""
+    engine = cfg.rollout.engine
+    if engine == "rlvr":
+        return
+    for on, key in ((cfg.asynchronous.enabled, "asynchronous.enabled"), (cfg.backend == "ray", "backend"),
+                    (cfg.lora.enabled, "lora.enabled")):
+        if on:
+            raise ConfigError(f"config key '{key}' does not work with 'rollout.engine: {engine}': that engine runs "
+                              "in the synchronous local loop and takes full weights (set asynchronous.enabled: "
+                              "false, backend: local, lora.enabled: false; or rollout.engine: rlvr)")
+    if engine == "vllm" and cfg.device == "cpu":
+        raise ConfigError("config key 'device' = 'cpu' with 'rollout.engine: vllm': vLLM shares the trainer's "
+                          "CUDA GPU; set device: cuda (or auto)")
 
 
 @dataclass
@@ -273,6 +304,7 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         check_device("device", self.device)
         check_choice("backend", self.backend, BACKENDS)
+        refuse_with_engine(self)
         check_range("steps", self.steps, 1)
         self.task_files = [as_file_config(f) for f in self.task_files]
         if not self.domains and not self.task_files:
@@ -444,23 +476,23 @@ def sampling_params(run: Run) -> SamplingParams:
                           n=r.samples_per_task, stop_token_ids=[run.tokenizer.eos_token_id], precision=r.precision)
 
 
-def generation(run: Run, tokenizer) -> Callable:
+def generation(run: Run, tokenizer, engine: RolloutEngine | None = None) -> Callable:
     """The rollout phase as a source calls it: ``(model, tasks, version, envs, generator) ->
-    episodes`` under the run's sampling settings."""
+    episodes`` under the run's sampling settings; ``engine`` None: rlvr's engine on ``model``."""
     params, batch_size = sampling_params(run), run.cfg.rollout.batch_size
 
     def generate(model, tasks: list[Task], version: int, envs: EnvPool | None, generator) -> list[Episode]:
         return run_tasks(model, tokenizer, tasks, params, envs, generator=generator, policy_version=version,
-                         batch_size=batch_size)
+                         batch_size=batch_size, engine=engine)
 
     return generate
 
 
-def rollout(run: Run, tasks: list[Task], policy_version: int) -> list[Episode]:
-    """One batch of episodes from the trainer's model, as the synchronous source makes it."""
+def rollout(run: Run, tasks: list[Task], policy_version: int, engine: RolloutEngine | None = None) -> list[Episode]:
+    """One batch of episodes from the trainer's model (or ``engine``), as the synchronous source makes it."""
     run.model.eval()
     with sampling(run) as model:  # LoRA: the merged weights
-        return generation(run, run.tokenizer)(model, tasks, policy_version, run.envs, run.generator)
+        return generation(run, run.tokenizer, engine)(model, tasks, policy_version, run.envs, run.generator)
 
 
 def sampling(run: Run):
@@ -468,10 +500,25 @@ def sampling(run: Run):
     return sampling_weights(run.lora) if run.lora is not None else contextlib.nullcontext(run.model)
 
 
+def engine_source(run: Run, cfg: GRPOConfig) -> RolloutSource:
+    """The synchronous phases generating on the ``rollout.engine`` engine (``rlvr.rollout.engines``),
+    which gets the trainer's weights after each update and must serve each batch's version."""
+    setup = EngineSetup(run.model, run.tokenizer, cfg.rollout, run.dir, cfg.model, run.step, cfg.seed)
+    engine = ENGINES.get(cfg.rollout.engine)(setup)
+    c = cfg.curriculum
+    sync = SyncRollout(generate=lambda tasks, version: rollout(run, tasks, version, engine),
+                       verify=functools.partial(verify_and_reward, cfg=cfg), pool=run.pool,
+                       tasks_per_step=cfg.rollout.tasks_per_step,
+                       refill_rounds=c.filter.refill_rounds if c.enabled and c.filter.enabled else 0)
+    return EngineSource(sync, engine)
+
+
 def rollout_source(run: Run, cfg: GRPOConfig) -> RolloutSource:
     """Where the loop's batches come from: the synchronous phases in this thread, or (asynchronous
     mode) background producer and verifier threads on an engine copy of the model; with
     ``backend: ray`` the generate and verify phases run on Ray actors either way."""
+    if cfg.rollout.engine != "rlvr":
+        return engine_source(run, cfg)
     verify = functools.partial(verify_and_reward, cfg=cfg)
     c = cfg.curriculum
     refill = c.filter.refill_rounds if c.enabled and c.filter.enabled else 0
