@@ -107,7 +107,7 @@ class Completion:
     ``token_ids[:-1]`` (the last token was never fed), for ``generate(past=...)``."""
 
 
-def _model_stop_ids(model: torch.nn.Module) -> tuple[int, ...]:
+def model_stop_ids(model: torch.nn.Module) -> tuple[int, ...]:
     """EOS id(s) from the model's generation config, falling back to its config."""
     for cfg in (getattr(model, "generation_config", None), getattr(model, "config", None)):
         eos = getattr(cfg, "eos_token_id", None)
@@ -154,7 +154,7 @@ def generate(
     and restores the model's train/eval mode afterwards.
     """
     _check_generate_args(prompts, params, batch_size, tokenizer, backend, past)
-    stop_ids = params.stop_token_ids if params.stop_token_ids is not None else _model_stop_ids(model)
+    stop_ids = params.stop_token_ids if params.stop_token_ids is not None else model_stop_ids(model)
     rows = [i for i in range(len(prompts)) for _ in range(params.n)]  # prompt index of each row
     step = batch_size or max(len(rows), 1)
     was_training = model.training

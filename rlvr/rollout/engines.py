@@ -70,7 +70,7 @@ class RolloutEngine(Protocol):
 
 @dataclass
 class EngineSetup:
-    """What an engine factory gets from the trainer (``rlvr.train.grpo.rollout_engine``)."""
+    """What an engine factory gets from the trainer (``rlvr.train.grpo.engine_source``)."""
 
     model: torch.nn.Module
     tokenizer: object

@@ -58,7 +58,7 @@ import torch
 
 from rlvr.config import check_choice, check_range
 from rlvr.errors import ConfigError
-from rlvr.rollout.engine import Completion, SamplingParams, _model_stop_ids
+from rlvr.rollout.engine import Completion, SamplingParams, model_stop_ids
 from rlvr.rollout.weights import canary_ids, compare_canary, probe
 
 DTYPES = ("model", "float32", "bfloat16", "float16")
@@ -159,7 +159,7 @@ class VLLMEngine:
         self.llm = vllm.LLM(model=str(model_dir), dtype=dtype, gpu_memory_utilization=cfg.gpu_memory_utilization,
                             enforce_eager=cfg.enforce_eager, seed=seed, max_num_seqs=max_num_seqs,
                             skip_tokenizer_init=True, **options)
-        self.stop_ids = _model_stop_ids(trainer)
+        self.stop_ids = model_stop_ids(trainer)
         self.canary = canary_ids(trainer.config.vocab_size)
         self.check(trainer, version, previous=version)  # the load from model_dir, and the tolerance
 
