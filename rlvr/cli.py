@@ -140,9 +140,15 @@ def cmd_sft(args) -> None:
 
 
 def cmd_train(args) -> None:
+    from rlvr.train.distributed import launched
     from rlvr.train.grpo import GRPOConfig, run_grpo
 
+    if args.nproc > 1 and launched().world == 1:
+        return data_parallel_launch(args.nproc, args.argv)
     cfg = _load(GRPOConfig, args, eval_section="eval")
+    if not launched().is_main:  # data parallel: rank 0 reports
+        run_grpo(cfg, resume=args.resume)
+        return None
     if cfg.backend == "ray":
         from rlvr.train.ray_train import run_on_ray
 
@@ -155,6 +161,18 @@ def cmd_train(args) -> None:
 
         print_eval(json.loads(Path(result["eval_report"]).read_text()))
     print(f"model: {cfg.out}/final")
+
+
+def data_parallel_launch(nproc: int, argv: list[str]) -> None:
+    """``rlvr train --nproc N ...``: the same command in N processes on this machine, under
+    ``torch.distributed.run`` (torchrun), which sets each one's rank."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "rlvr.cli", *argv]
+    code = subprocess.run(cmd, check=False).returncode
+    if code:
+        raise UserError(f"the {nproc} training processes (torchrun) exited with status {code}; their output is above")
 
 
 def cmd_pairs(args) -> None:
@@ -442,6 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "docs/distributed.md)")
             p.add_argument("--ray-address", metavar="local|auto|HOST:PORT",
                            help="with --backend ray: start a local instance, join this machine's cluster, or a head")
+            p.add_argument("--nproc", type=int, default=1, metavar="N",
+                           help="data parallel: run N processes on this machine with torchrun (needs "
+                                "distributed.rollout_chunk; docs/distributed.md)")
         p.set_defaults(fn=fn)
     p = sub.add_parser("pairs", help="preference pairs from a model's verified rollouts (passed vs failed)")
     _config_args(p)
@@ -487,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     keep_freed_memory()  # no page faults for each step's tensors (rlvr/train/allocator.py)
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if getattr(args, "quiet", True):
         _quiet_libraries()
     try:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import json
 import math
@@ -68,6 +69,7 @@ from rlvr.monitor.watch import Monitor
 from rlvr.rewards import RewardConfig, score_all
 from rlvr.envs.base import EnvConfig
 from rlvr.rollout.async_rollout import AsyncConfig, AsyncRollout, parity_kl
+from rlvr.rollout.sharded import ShardedPhases
 from rlvr.rollout.source import RolloutBatch, RolloutSource
 from rlvr.rollout.sync_rollout import SyncRollout
 from rlvr.model.logprobs import sequence_logprobs
@@ -83,6 +85,18 @@ from rlvr.train.allocator import keep_freed_memory
 from rlvr.train.code_tools import code_tools
 from rlvr.train.batching import collate, select
 from rlvr.train.compiled import compiled_layers
+from rlvr.train.distributed import (
+    DistributedConfig,
+    Group,
+    all_reduce_grads,
+    barrier,
+    close_group,
+    from_rank0,
+    gather,
+    launched,
+    open_group,
+    rank_device,
+)
 from rlvr.train.memory import checkpointing, enable_activation_checkpointing
 from rlvr.train.packing import packed_logprobs
 from rlvr.train.common import (
@@ -296,6 +310,9 @@ class GRPOConfig:
     """With ``backend: ray``: the cluster's address, workers and resources per role, retries."""
     asynchronous: AsyncConfig = field(default_factory=AsyncConfig)
     """Asynchronous mode: generation, verification and updates overlap (docs/async.md)."""
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """Data parallel under torchrun: the process group's backend and the rollout chunks dealt to
+    the ranks (``rlvr.train.distributed``, docs/distributed.md)."""
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     """Which tasks each step draws: uniform over the pool (default) or the scheduler (domain mix,
     easy-to-hard stages, filtering and dynamic sampling, recycling, seesaw control;
@@ -326,6 +343,23 @@ class GRPOConfig:
             raise ConfigError("config keys 'curriculum.enabled' and 'asynchronous.enabled' cannot both be true: "
                               "the scheduler learns from each batch before drawing the next, which the "
                               "asynchronous producer (drawing ahead) does not allow")
+        refuse_data_parallel(self, launched().world)
+
+
+def refuse_data_parallel(cfg: GRPOConfig, world: int) -> None:
+    """The combinations a data-parallel run (world size > 1, torchrun) does not support."""
+    if world == 1:
+        return
+    if cfg.backend != "local":
+        raise ConfigError(f"config key 'backend' = {cfg.backend!r} with {world} torchrun processes: data parallel "
+                          "needs 'backend: local' (Ray runs its own actors; launch it without torchrun)")
+    if cfg.asynchronous.enabled:
+        raise ConfigError(f"config key 'asynchronous.enabled' must be false with {world} torchrun processes: the "
+                          "ranks share each step's batch synchronously (docs/distributed.md)")
+    if not cfg.distributed.rollout_chunk:
+        raise ConfigError(f"config key 'distributed.rollout_chunk' must be > 0 with {world} torchrun processes "
+                          "(tasks per rollout chunk, dealt to the ranks; e.g. rollout.tasks_per_step / "
+                          f"{world} = {max(1, cfg.rollout.tasks_per_step // world)})")
 
 
 # --------------------------------------------------------------------------- the story
@@ -335,7 +369,7 @@ def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) ->
     run = setup(cfg, resume)
     source = rollout_source(run, cfg)
     try:
-        with Progress(disable=not progress, transient=True) as bar:
+        with Progress(disable=not progress or not run.group.is_main, transient=True) as bar:
             job = bar.add_task("grpo", total=cfg.steps, completed=run.step)
             for step in range(run.step + 1, cfg.steps + 1):
                 timer = Timer()
@@ -370,6 +404,18 @@ def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) ->
     run.logger.close()
     if run.envs is not None:
         run.envs.close()
+    if run.group.is_main:  # data parallel: the ranks' weights are the same, rank 0 writes them
+        save_final_model(run, cfg)
+    out = {"steps": cfg.steps, "seconds": time.perf_counter() - run.started}
+    if cfg.eval.task_files:  # the user's held-out file: the final model's report
+        report = eval_report(run, cfg, run.dir / "eval" / "final.json")
+        out.update({"eval/pass@1": report["overall"]["pass@1"], "eval_report": str(run.dir / "eval" / "final.json")})
+    close_group()
+    return out
+
+
+def save_final_model(run: Run, cfg: GRPOConfig) -> None:
+    """``final/`` (and the curriculum's report and plot)."""
     if run.lora is not None:  # merged (a plain model) or the adapter, as lora.save says
         run.model = save_final(run.dir / "final", run.lora, run.tokenizer, cfg.lora)
         run.lora = run.lora if cfg.lora.save == "adapter" else None  # merged: the adapters are in the weights now
@@ -379,11 +425,6 @@ def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) ->
         (run.dir / "curriculum.json").write_text(json.dumps(
             {"events": run.pool.events, "frontier": run.pool.frontier, "tasks": run.pool.task_report()}, indent=1))
         curriculum_plot(read_metrics(run.dir), run.dir / "plots" / "curriculum.png", read_alerts(run.dir))
-    out = {"steps": cfg.steps, "seconds": time.perf_counter() - run.started}
-    if cfg.eval.task_files:  # the user's held-out file: the final model's report
-        report = eval_report(run, cfg, run.dir / "eval" / "final.json")
-        out.update({"eval/pass@1": report["overall"]["pass@1"], "eval_report": str(run.dir / "eval" / "final.json")})
-    return out
 
 
 # --------------------------------------------------------------------------- phases
@@ -412,14 +453,18 @@ class Run:
     alerts: AlertLog | None = None  # alerts.jsonl (seesaw control, the detectors)
     monitor: Monitor | None = None  # the detectors and the trajectory sample
     lora: object | None = None  # lora.enabled: the PeftModel around ``model`` (its get_base_model())
+    group: Group = field(default_factory=Group)  # data parallel (torchrun): this rank; world 1 without
 
 
 def setup(cfg: GRPOConfig, resume: bool) -> Run:
     keep_freed_memory()
     seed_everything(cfg.seed)
-    run_dir = prepare_run_dir(cfg.out, cfg)
+    group = launched()  # data parallel: rank 0 writes the run directory, the others log under ranks/
+    run_dir = prepare_run_dir(cfg.out, cfg) if group.is_main else Path(cfg.out)
+    log_dir = run_dir if group.is_main else run_dir / "ranks" / f"rank_{group.rank}"
     ckpt = latest_checkpoint(run_dir) if resume else None
-    device = resolve_device("device", cfg.device)
+    device = rank_device(resolve_device("device", cfg.device))
+    open_group(cfg.distributed, device)
     lora = None
     if cfg.lora.enabled:  # the base from cfg.model, the adapter (resume) from the checkpoint
         lora, model, tokenizer = load_for_training(cfg.model, cfg.lora, ckpt, device=device, options=cfg.model_load)
@@ -431,7 +476,7 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
         ref_model.eval().requires_grad_(False)
     user_tasks = file_tasks(cfg.task_files, check=False)
     # The process-wide sandbox (the code verifier runs there), opened with this run's config.
-    sandbox = shared_sandbox(cfg.sandbox, run_dir) if needs_sandbox(cfg.domains, user_tasks) else None
+    sandbox = shared_sandbox(cfg.sandbox, log_dir) if needs_sandbox(cfg.domains, user_tasks) else None
     if user_tasks:  # each file task's own answer must pass its acceptance criteria
         user_tasks = drop_failing(user_tasks, ", ".join(f.path for f in cfg.task_files))[0]
     tasks = build_task_set(cfg.domains, "train", cfg.train_tasks, seed=cfg.seed, levels=cfg.levels,
@@ -451,13 +496,15 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
         state = restore_training_state(ckpt, optimizer, scheduler, generator)
         pool.load_state_dict(state["pool"])
         step = state["step"]
-    logger = MetricsLogger(run_dir, resume_step=step if resume else None,
-                           trackers=open_trackers(cfg.trackers, run_dir, to_dict(cfg)))
-    alerts = AlertLog(run_dir, resume_step=step if resume else None)
-    monitor = Monitor(cfg.monitor, run_dir, alerts, cfg.reward, code_tools(), seed=cfg.seed,
+    logger = MetricsLogger(log_dir, resume_step=step if resume else None, tensorboard=group.is_main,
+                           trackers=open_trackers(cfg.trackers, run_dir, to_dict(cfg)) if group.is_main else ())
+    alerts = AlertLog(log_dir, resume_step=step if resume else None)
+    barrier()  # every rank's detectors start from rank 0's metrics history (truncated at the resumed step)
+    monitor = Monitor(cfg.monitor, log_dir, alerts, cfg.reward, code_tools(), seed=cfg.seed,
                       history=read_metrics(run_dir), trajectories_every=cfg.save_trajectories_every)
     return Run(cfg, run_dir, model, tokenizer, ref_model, optimizer, scheduler, pool, generator, logger, step,
-               time.perf_counter(), sandbox, envs, eval_tasks=eval_tasks, alerts=alerts, monitor=monitor, lora=lora)
+               time.perf_counter(), sandbox, envs, eval_tasks=eval_tasks, alerts=alerts, monitor=monitor, lora=lora,
+               group=group)
 
 
 def eval_task_set(cfg: GRPOConfig) -> list[Task]:
@@ -529,6 +576,11 @@ def rollout_source(run: Run, cfg: GRPOConfig) -> RolloutSource:
             from rlvr.workers.ray_rollout import RayRollout
 
             return RayRollout(workers, generator=run.generator, refill_rounds=refill, **common)
+        if cfg.distributed.rollout_chunk:  # data parallel: chunks dealt to the ranks, gathered after verify
+            phases = ShardedPhases(generate=functools.partial(chunk_rollout, run), verify=verify, gather=gather,
+                                   rank=run.group.rank, world=run.group.world, generator=run.generator,
+                                   chunk=cfg.distributed.rollout_chunk)
+            return SyncRollout(generate=phases.generate, verify=phases.verify, refill_rounds=refill, **common)
         return SyncRollout(generate=lambda tasks, version: rollout(run, tasks, version), verify=verify,
                            refill_rounds=refill, **common)
     if workers is not None:
@@ -542,6 +594,11 @@ def rollout_source(run: Run, cfg: GRPOConfig) -> RolloutSource:
         start=run.step, total=cfg.steps, pad_token_id=run.tokenizer.pad_token_id, seed=cfg.seed,
         make_env_pool=(lambda: EnvPool(cfg.env, run.sandbox)) if run.envs is not None else None, **common,
     ).start()
+
+
+def chunk_rollout(run: Run, tasks: list[Task], policy_version: int, generator: torch.Generator) -> list[Episode]:
+    """``rollout`` of one chunk from its own generator (``rlvr.rollout.sharded``)."""
+    return rollout(dataclasses.replace(run, generator=generator), tasks, policy_version)
 
 
 def ray_workers(run: Run, cfg: GRPOConfig, verify: Callable):
@@ -613,11 +670,7 @@ def update(run: Run, kept: list[Scored], advantages: list[float], cfg: GRPOConfi
             totals = {"num_tokens": float(mini.loss_mask.sum()), "num_seqs": float(mini.input_ids.shape[0]),
                       "max_tokens": budget}
             mini_loss = 0.0
-            for ustart in range(0, mini.input_ids.shape[0], a.microbatch_size):
-                micro = mini if mini.input_ids.shape[0] <= a.microbatch_size else \
-                    select(mini, torch.arange(ustart, min(ustart + a.microbatch_size, mini.input_ids.shape[0])))
-                loss, metrics = micro_loss(run.model, micro, a, totals, is_cap=cfg.asynchronous.is_cap)
-                loss.backward()
+            for metrics in minibatch_backward(run, mini, a, totals, is_cap=cfg.asynchronous.is_cap):
                 mini_loss += metrics["pg_loss"]
                 if "train/grad_norm" not in sums:  # no optimizer step yet: trainer == engine weights
                     mismatch.append(metrics.pop("logprob_mismatch_kl"))
@@ -635,6 +688,28 @@ def update(run: Run, kept: list[Scored], advantages: list[float], cfg: GRPOConfi
     out["rollout/logprob_mismatch_kl"] = sum(mismatch) / len(mismatch)
     out.update(off_policy)
     return out
+
+
+def minibatch_backward(run: Run, mini: Batch, a: AlgoConfig, totals: dict, is_cap: float) -> list[dict]:
+    """Forward and backward of ``mini`` in micro-batches; the metrics of each, in order.
+
+    Data parallel: micro-batch u runs on rank u % world (the same micro-batches at every world
+    size; the ranks all work when a mini-batch has at least ``world`` of them), the loss is
+    normalised by the mini-batch's global ``totals``, so the sum of the ranks' gradients
+    (``all_reduce_grads``) is the one-process gradient and every rank steps the same; every
+    micro-batch's metrics reach every rank."""
+    rows = mini.input_ids.shape[0]
+    starts = range(0, rows, a.microbatch_size)
+    mine = []
+    for u in range(run.group.rank, len(starts), run.group.world):
+        micro = mini if rows <= a.microbatch_size else \
+            select(mini, torch.arange(starts[u], min(starts[u] + a.microbatch_size, rows)))
+        loss, metrics = micro_loss(run.model, micro, a, totals, is_cap=is_cap)
+        loss.backward()
+        mine.append(metrics)
+    all_reduce_grads([p for p in run.model.parameters() if p.requires_grad])
+    per_rank = gather(mine)
+    return [per_rank[u % run.group.world][u // run.group.world] for u in range(len(starts))]
 
 
 def grad_norm(model: torch.nn.Module) -> float:
@@ -782,13 +857,16 @@ def group_reward_std(scored: list[Scored]) -> float:
 
 def eval_report(run: Run, cfg: GRPOConfig, path: Path) -> dict:
     """The eval suite on the current policy, written as JSON to ``path`` (``rlvr eval``'s format)."""
-    suite = {"suite": get_suite(cfg.eval_suite).record()} if cfg.eval_suite else {}
-    with sampling(run) as model:
-        report = {"model": str(run.dir), **suite, "fingerprint": fingerprint(run.eval_tasks),
-                  **evaluate(model, run.tokenizer, run.eval_tasks, cfg.eval, seed=cfg.seed)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2))
-    return report
+    def report() -> dict:  # data parallel: on rank 0, which writes it and sends it to the others
+        suite = {"suite": get_suite(cfg.eval_suite).record()} if cfg.eval_suite else {}
+        with sampling(run) as model:
+            out = {"model": str(run.dir), **suite, "fingerprint": fingerprint(run.eval_tasks),
+                   **evaluate(model, run.tokenizer, run.eval_tasks, cfg.eval, seed=cfg.seed)}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=2))
+        return out
+
+    return from_rank0(report)
 
 
 def periodic_eval(run: Run, cfg: GRPOConfig, step: int) -> dict:
@@ -813,6 +891,9 @@ def stopped(run: Run, cfg: GRPOConfig, stop: RunStopped) -> None:
 
 
 def checkpoint(run: Run, cfg: GRPOConfig) -> None:
+    """Rank 0's (data parallel: the weights, optimizer, generator and pool are the same on every rank)."""
+    if not run.group.is_main:
+        return
     pool = run.pool_state if run.pool_state is not None else run.pool.state_dict()  # async: not the producer's
     state = training_state(run.step, run.optimizer, run.scheduler, run.generator, pool=pool)
     save_checkpoint(run.dir, run.step, run.lora if run.lora is not None else run.model, run.tokenizer, state)  # LoRA: the adapter

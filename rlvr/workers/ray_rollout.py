@@ -21,13 +21,13 @@ is handed (an actor refuses any other).
 from __future__ import annotations
 
 import copy
-import dataclasses
 from pathlib import Path
 
 import torch
 
 from rlvr.rollout.async_rollout import AsyncRollout
 from rlvr.rollout.episodes import Episode
+from rlvr.rollout.sharded import chunk_seeds, shift_group
 from rlvr.rollout.sync_rollout import SyncRollout
 from rlvr.rollout.weights import canary_ids, probe
 from rlvr.rollout.source import RolloutBatch
@@ -92,14 +92,14 @@ class RayWorkers:
         if len(parts) == 1:
             states = [generator.get_state()]
         else:
-            seeds = torch.randint(0, 2**62, (len(parts),), generator=generator).tolist()
+            seeds = chunk_seeds(generator, len(parts))
             states = [torch.Generator().manual_seed(s).get_state() for s in seeds]
         results = self.rollout.run("generate", [(part, version, state) for part, state in zip(parts, states)])
         if len(parts) == 1:
             generator.set_state(results[0][1])
         episodes, offset = [], 0
         for part, (chunk, _state) in zip(parts, results):
-            episodes += [_shift(ep, offset) for ep in chunk]
+            episodes += [shift_group(ep, offset) for ep in chunk]
             offset += len(part)
         return episodes
 
@@ -171,9 +171,3 @@ def split(items: list, n: int) -> list[list]:
         out.append(items[start:end])
         start = end
     return out
-
-
-def _shift(ep: Episode, offset: int) -> Episode:
-    if not offset:
-        return ep
-    return Episode(dataclasses.replace(ep.trajectory, group_id=ep.trajectory.group_id + offset), ep.env)
