@@ -1,6 +1,6 @@
 """Peak memory and tokens/s of one GRPO update per memory option (fp32, bf16 + checkpointing + chunked logits, LoRA).
 
-    python benchmarks/memory_step.py --json runs/bench/memory_step.json [--size medium|xl] [--rounds 1]
+    python benchmarks/memory_step.py --json runs/bench/memory_step.json [--size medium|xl] [--rounds 1] [--warmup 1]
 
 ``xl`` (0.55B parameters, 32k vocabulary) is about the largest model this 24 GiB machine trains in
 fp32; the default is ``medium`` (60M) because on this CPU a bf16 ``Linear`` backward is 30-140x
@@ -9,7 +9,8 @@ slower than fp32's (no AMX), so the bf16 variants take minutes per update even t
 Each variant runs in a fresh process (peak RSS = ``ru_maxrss`` of that process, which includes the
 Python + torch baseline, reported separately): the model is built at random in its dtype, then
 the update's own functions run on a fixed batch (``logprobs_of`` -> PPO-style loss on the policy
-tokens -> backward -> ``clip_and_step``), one warm-up update and ``--rounds`` timed ones. Variants:
+tokens -> backward -> ``clip_and_step``), ``--warmup`` untimed updates (default 1) and ``--rounds`` timed
+ones (at ``xl`` on this CPU, ``--warmup 0 --batch 1``: a bf16 update there takes minutes). Variants:
 
     fp32            float32 weights, AdamW in float32, all logits at once, no checkpointing
     bf16_ckpt_chunk bf16 weights + float32 master copies (optim.master_weights), activation
@@ -49,7 +50,7 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
-def child(variant: str, size: str, batch: int, length: int, policy: int, rounds: int, chunk: int) -> dict:
+def child(variant: str, size: str, batch: int, length: int, policy: int, rounds: int, chunk: int, warmup: int) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -83,13 +84,13 @@ def child(variant: str, size: str, batch: int, length: int, policy: int, rounds:
     model.train()
     after_build = rss_mb()
     times = []
-    for i in range(rounds + 1):
+    for i in range(warmup + rounds):
         t0 = time.perf_counter()
         lp = logprobs_of(model, b, algo)
         loss = -(lp * b.loss_mask * b.advantages[:, None]).sum() / b.loss_mask.sum()
         loss.backward()
         clip_and_step(model, opt, sched, 1.0)
-        if i:
+        if i >= warmup:
             times.append(time.perf_counter() - t0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"variant": variant, "params": params, "trainable": trainable, "baseline_rss_mb": baseline,
@@ -106,21 +107,22 @@ def main() -> None:
     ap.add_argument("--policy", type=int, default=192, help="policy (loss) tokens at the end of each sequence")
     ap.add_argument("--chunk", type=int, default=256, help="algo.logits_chunk of the chunked variants")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed updates first (0 at xl: the first update is timed)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--json")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.size, args.batch, args.length, args.policy, args.rounds, args.chunk)))
+        print(json.dumps(child(args.child, args.size, args.batch, args.length, args.policy, args.rounds, args.chunk, args.warmup)))
         return
     idle = idle_cpu()
     print(f"{machine_note()}; idle CPU {idle:.0%}; size {args.size}, {args.batch} x {args.length} tokens "
-          f"({args.policy} policy tokens each), {args.rounds} timed updates per variant")
+          f"({args.policy} policy tokens each), {args.warmup} untimed + {args.rounds} timed updates per variant")
     rows = []
     for v in args.variants.split(","):
         cmd = [sys.executable, __file__, "--child", v, "--size", args.size, "--batch", str(args.batch),
                "--length", str(args.length), "--policy", str(args.policy), "--rounds", str(args.rounds),
-               "--chunk", str(args.chunk)]
+               "--chunk", str(args.chunk), "--warmup", str(args.warmup)]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode:
             raise SystemExit(f"{v} failed:\n{out.stderr[-3000:]}")
@@ -133,7 +135,7 @@ def main() -> None:
     print_table(rows, ["variant", "params", "trainable", "peak_rss_mb", "peak_above_baseline_mb",
                        "peak_ratio_vs_fp32", "tokens_per_s", "speed_ratio_vs_fp32"])
     write_json(args.json, {"size": args.size, "batch": args.batch, "length": args.length, "policy": args.policy,
-                           "chunk": args.chunk, "rounds": args.rounds, "idle_cpu_start": idle,
+                           "chunk": args.chunk, "rounds": args.rounds, "warmup": args.warmup, "idle_cpu_start": idle,
                            "idle_cpu_end": idle_cpu(), "variants": rows})
 
 
