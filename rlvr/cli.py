@@ -168,11 +168,18 @@ def data_parallel_launch(nproc: int, argv: list[str]) -> None:
     ``torch.distributed.run`` (torchrun), which sets each one's rank."""
     import subprocess
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "rlvr.cli", *argv]
-    code = subprocess.run(cmd, check=False).returncode
+    code = subprocess.run(torchrun_command(nproc, argv), check=False).returncode
     if code:
         raise UserError(f"the {nproc} training processes (torchrun) exited with status {code}; their output is above")
+
+
+def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
+    """torchrun running ``rlvr argv`` in ``nproc`` local processes, without ``--nproc N`` (torchrun
+    would take it for its own ``--nproc-per-node``)."""
+    rest = [a for i, a in enumerate(argv)
+            if a != "--nproc" and not a.startswith("--nproc=") and (i == 0 or argv[i - 1] != "--nproc")]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "-m", "rlvr.cli", *rest]
 
 
 def cmd_pairs(args) -> None:

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlvr.cli import main
+from rlvr.cli import main, torchrun_command
 from rlvr.config import load_config
 from rlvr.errors import ConfigError
 from rlvr.monitor.metrics import read_metrics
@@ -148,3 +148,9 @@ def test_data_parallel_refuses_what_it_does_not_support(overrides, key, monkeypa
         load_config(GRPOConfig, None, ["domains=[math.arith]", *overrides])
     assert main(["train", "--model", "m", "--set", "domains=[math.arith]",
                  *[a for o in overrides for a in ("--set", o)]]) == 2
+
+
+def test_nproc_relaunches_the_command_under_torchrun_without_itself():
+    cmd = torchrun_command(2, ["train", "--nproc", "2", "--set", "steps=3", "--nproc=2", "--out", "r"])
+    assert cmd[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "rlvr.cli",
+                       "train", "--set", "steps=3", "--out", "r"]

@@ -114,15 +114,6 @@ def from_rank0(fn: Callable[[], Any]) -> Any:
     return box[0]
 
 
-def sum_floats(values: list[float]) -> list[float]:
-    """The element-wise sum of ``values`` over the ranks (float64)."""
-    if not active():
-        return values
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t)
-    return t.tolist()
-
-
 @torch.no_grad()
 def all_reduce_grads(params: list[torch.Tensor]) -> None:
     """Sum the ranks' gradients of ``params`` into every rank's ``.grad``, one flat buffer per
