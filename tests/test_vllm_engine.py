@@ -79,6 +79,10 @@ def test_what_an_engine_other_than_rlvr_does_not_run_with_is_refused(monkeypatch
             with pytest.raises(ConfigError, match=f"config key '{key}' does not work with 'rollout.engine: test.engine'"):
                 grpo_cfg("rollout.engine=test.engine", f"{key}={value}")
         grpo_cfg("rollout.engine=test.engine")  # alone it is fine
+        monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it
+        with pytest.raises(ConfigError, match="'rollout.engine: test.engine' does not run under torchrun"):
+            grpo_cfg("rollout.engine=test.engine")
+        monkeypatch.delenv("WORLD_SIZE")
     with pytest.raises(ConfigError, match="'rollout.precision' is rlvr's engine's.*'rollout.vllm.dtype'"):
         grpo_cfg("rollout.engine=vllm", "rollout.precision=bf16", "device=cuda")
     with pytest.raises(ConfigError, match="'device' = 'cpu' with 'rollout.engine: vllm'"):

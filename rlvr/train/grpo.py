@@ -167,6 +167,9 @@ def refuse_with_engine(cfg) -> None:
             raise ConfigError(f"config key '{key}' does not work with 'rollout.engine: {engine}': that engine runs "
                               "in the synchronous local loop and takes full weights (set asynchronous.enabled: "
                               "false, backend: local, lora.enabled: false; or rollout.engine: rlvr)")
+    if launched().world > 1:
+        raise ConfigError(f"'rollout.engine: {engine}' does not run under torchrun ({launched().world} processes): "
+                          "data parallel deals rollout chunks to the ranks' own rlvr engines; use rollout.engine: rlvr")
     if engine == "vllm" and cfg.device == "cpu":
         raise ConfigError("config key 'device' = 'cpu' with 'rollout.engine: vllm': vLLM shares the trainer's "
                           "CUDA GPU; set device: cuda (or auto)")
