@@ -465,6 +465,7 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     group = launched()  # data parallel: rank 0 writes the run directory, the others log under ranks/
     run_dir = prepare_run_dir(cfg.out, cfg) if group.is_main else Path(cfg.out)
     log_dir = run_dir if group.is_main else run_dir / "ranks" / f"rank_{group.rank}"
+    log_dir.mkdir(parents=True, exist_ok=True)  # the sandbox's audit log may open first
     ckpt = latest_checkpoint(run_dir) if resume else None
     device = rank_device(resolve_device("device", cfg.device))
     open_group(cfg.distributed, device)
