@@ -45,6 +45,18 @@ def test_master_weights_step_like_float32_adamw_and_round_into_the_model(grad_cl
     assert any(changed)  # precision the bf16 weights alone would have lost
 
 
+def test_master_weights_hold_one_gradient_copy_at_the_step():
+    """``load_grads`` moves the bf16 gradients into float32 ones on the masters and frees the bf16
+    ones: the step's peak holds one gradient copy (4 B/param), not both (6 B/param)."""
+    low, _ = _pair()
+    opt, _ = build_optimizer(low, OptimConfig(lr=1e-2, master_weights=True), 10)
+    low(torch.randn(4, 8, dtype=torch.bfloat16)).float().square().sum().backward()
+    grads = {id(p): p.grad.clone() for p in low.parameters()}
+    opt.load_grads()
+    assert all(p.grad is None for p in low.parameters())
+    assert all(m.grad.dtype == torch.float32 and torch.equal(m.grad, grads[id(p)].float()) for p, m in opt.pairs)
+
+
 def test_master_weights_resume_from_the_float32_copies_not_the_rounded_weights():
     low, _ = _pair()
     cfg = OptimConfig(lr=1e-3, master_weights=True)

@@ -95,9 +95,10 @@ def fused_adamw_supported(params: list[torch.Tensor]) -> bool:
 class MasterWeightAdamW(torch.optim.AdamW):
     """AdamW over float32 master copies of low-precision weights (mixed-precision training).
 
-    ``load_grads`` copies the model's gradients into the masters (float32); ``step`` steps the
-    masters and copies them, rounded, into the model. The masters are part of ``state_dict``, so a
-    resumed run continues from the exact float32 weights, not from the rounded ones."""
+    ``load_grads`` moves the model's gradients into the masters (float32; the model's own are
+    freed); ``step`` steps the masters and copies them, rounded, into the model. The masters are
+    part of ``state_dict``, so a resumed run continues from the exact float32 weights, not from
+    the rounded ones."""
 
     def __init__(self, groups: list[dict], **kw) -> None:
         self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -116,6 +117,7 @@ class MasterWeightAdamW(torch.optim.AdamW):
     def load_grads(self) -> None:
         for p, m in self.pairs:
             m.grad = None if p.grad is None else p.grad.float()
+            p.grad = None  # past here only the float32 copy is read: one gradient copy at the step's peak, not two
 
     @torch.no_grad()
     def step(self, closure=None):
