@@ -154,3 +154,24 @@ def test_nproc_relaunches_the_command_under_torchrun_without_itself():
     cmd = torchrun_command(2, ["train", "--nproc", "2", "--set", "steps=3", "--nproc=2", "--out", "r"])
     assert cmd[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "rlvr.cli",
                        "train", "--set", "steps=3", "--out", "r"]
+
+
+def test_full_fine_tuning_recipe_parses_and_its_counts_are_right():
+    """configs/real_model_full_ddp.yaml resolves; the parameter count its memory comments are
+    computed from (Qwen2.5-1.5B's shape on the meta device) is right; 8 ranks get one rollout
+    chunk each and every rank gets micro-batches."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from rlvr.config import from_dict, read_yaml
+    from rlvr.train.grpo import GRPOConfig
+
+    cfg = from_dict(GRPOConfig, read_yaml(Path(__file__).resolve().parents[1] / "configs" / "real_model_full_ddp.yaml"))
+    assert cfg.optim.master_weights and cfg.algo.gradient_checkpointing and cfg.algo.logits_chunk == 1024
+    assert cfg.distributed.backend == "nccl" and cfg.rollout.tasks_per_step // cfg.distributed.rollout_chunk == 8
+    samples = cfg.rollout.tasks_per_step * cfg.rollout.samples_per_task
+    assert samples // cfg.algo.microbatch_size // 8 == 16  # micro-batches per rank
+    shape = Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                        num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(shape)
+    assert round(sum(p.numel() for p in model.parameters()) / 1e6, 1) == 1543.7
