@@ -1,0 +1,296 @@
+"""Continuous batching: the ``ServingEngine`` that ``rlvr serve`` runs by default.
+
+One scheduler thread owns the model. Each turn of its loop, between two decode steps:
+
+1. a pending weight update is applied (``load_weights``; see below);
+2. cancelled requests leave (their handle gets ``finish_reason="abort"``);
+3. waiting requests are admitted while there is a free row: each is prefilled alone and joins
+   the running batch (``rlvr/serve/rows.py``), and its first token is sampled from the prefill;
+4. one decode step runs for every running row; each row's token is sampled with its request's
+   own settings and stream (``rlvr/serve/sampling.py``) and delivered; rows that finished
+   (stop token, stop string, ``max_tokens``) leave the batch.
+
+``batching="none"`` is the same loop with one row: a request starts when the previous one ends
+(the baseline the load benchmark compares against).
+
+Bounds: at most ``max_batch`` running rows; at most ``max_waiting`` waiting requests, past which
+``submit`` raises ``QueueFull`` (HTTP 429); a request whose prompt + ``max_tokens`` exceeds
+``max_context`` is refused with ``ValueError`` (HTTP 400).
+
+Weight updates: ``load_weights(dir)`` reads the checkpoint on the caller's thread, checks that
+every parameter name and shape matches, then the scheduler copies it in between two steps and
+bumps ``version``. Requests in flight are not stopped: their tokens after the swap come from the
+new weights over a KV cache computed by the old ones, and every ``TokenEvent`` carries the
+version that produced it, so a client can tell (or drop) a completion that straddles the swap.
+
+Reproducibility: a request with a ``seed`` samples from its own generator, so its tokens do not
+depend on the batch it shares; without one, its seed is derived from the engine's ``seed`` and the
+request's arrival number. Greedy (temperature 0) is batch-independent up to float error.
+
+Not here: prefix caching, speculative decoding (the fast mode plugs its own engine), CUDA graphs
+(batch shapes change every step), chunked prefill (a long prompt's prefill delays the running
+rows by one forward).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from rlvr.errors import UserError
+from rlvr.rollout.decoder import FastLlama, unsupported_reason
+from rlvr.rollout.engine import model_stop_ids
+from rlvr.serve.rows import FastRows, HFRows
+from rlvr.serve.sampling import request_generator, sample_rows
+from rlvr.serve.types import GenRequest, NotReady, QueueFull, RequestHandle, TokenEvent
+
+
+@dataclass
+class _Running:
+    """A request in the running batch."""
+
+    handle: RequestHandle
+    generator: torch.Generator
+    stop_ids: frozenset[int]
+    history: list[int] = field(default_factory=list)
+    next_token: int = 0  # sampled, not yet fed
+
+
+class Batcher:
+    """Continuous batching on rlvr's fast decoder (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, *, max_batch: int = 16, max_waiting: int = 64,
+                 max_context: int | None = None, batching: Literal["continuous", "none"] = "continuous",
+                 seed: int = 0):
+        if batching not in ("continuous", "none"):
+            raise UserError(f"--batching must be continuous or none, got {batching!r}")
+        if max_batch < 1 or max_waiting < 0:
+            raise UserError(f"--max-batch must be >= 1 and --max-waiting >= 0 (got {max_batch}, {max_waiting})")
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.max_context = int(max_context or getattr(model.config, "max_position_embeddings", 2048))
+        self.max_batch = 1 if batching == "none" else max_batch
+        self.max_waiting, self.batching, self.seed = max_waiting, batching, seed
+        self.stop_ids = model_stop_ids(model)
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
+        reason = unsupported_reason(model, self.max_context)
+        if reason is not None and batching == "continuous":
+            raise UserError(f"continuous batching runs on rlvr's fast decoder, which cannot run this model "
+                            f"({reason}); pass --batching none (one request at a time on the Hugging Face forward)")
+        self.backend = "fast" if reason is None else "hf"
+        self.rows = self._new_rows()
+        self._version = 0
+        self._lock = threading.Condition()
+        self._waiting: deque[RequestHandle] = deque()
+        self._running: list[_Running] = []
+        self._updates: deque[tuple[dict, Future]] = deque()
+        self._arrivals = 0
+        self._closed = False
+        self.counters = {"steps": 0, "admitted": 0, "generated_tokens": 0, "prefix_cache_hits": 0}
+        self._thread = threading.Thread(target=self._loop, name="rlvr-serve-batcher", daemon=True)
+        self._thread.start()
+
+    def _new_rows(self):
+        if self.backend == "fast":
+            return FastRows(FastLlama(self.model), self.max_batch, self.max_context, self.pad)
+        return HFRows(self.model, self.pad)
+
+    # -- the ServingEngine interface (any thread) -------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def ready(self) -> bool:
+        return not self._closed
+
+    def submit(self, request: GenRequest) -> RequestHandle:
+        if not request.prompt_ids:
+            raise ValueError("the prompt has no tokens")
+        if len(request.prompt_ids) + request.max_tokens > self.max_context:
+            raise ValueError(f"prompt ({len(request.prompt_ids)} tokens) + max_tokens ({request.max_tokens}) "
+                             f"exceeds the context of {self.max_context} tokens")
+        handle = RequestHandle(request)
+        with self._lock:
+            if self._closed:
+                raise NotReady("the server is shutting down")
+            if len(self._waiting) >= self.max_waiting:
+                raise QueueFull(f"{len(self._waiting)} requests are waiting (--max-waiting {self.max_waiting})")
+            self._waiting.append(handle)
+            self._lock.notify()
+        return handle
+
+    def cancel(self, handle: RequestHandle) -> None:
+        with self._lock:
+            handle.cancelled = True
+            self._lock.notify()
+
+    def stats(self) -> dict[str, int | float]:
+        with self._lock:
+            return {"running": len(self._running), "waiting": len(self._waiting), "version": self._version,
+                    **self.counters}
+
+    def load_weights(self, model_dir: str) -> int:
+        from rlvr.model.load import load_model
+
+        params = dict(self.model.named_parameters())
+        dtype, device = next(self.model.parameters()).dtype, next(self.model.parameters()).device
+        new = dict(load_model(model_dir, dtype=dtype, device="cpu").named_parameters())
+        if new.keys() != params.keys():
+            raise ValueError(f"'{model_dir}' has other parameters than the served model "
+                             f"(e.g. {sorted(new.keys() ^ params.keys())[:3]})")
+        bad = [k for k in params if new[k].shape != params[k].shape]
+        if bad:
+            raise ValueError(f"'{model_dir}': parameter {bad[0]} has shape {tuple(new[bad[0]].shape)}, "
+                             f"the served model {tuple(params[bad[0]].shape)}")
+        done: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise NotReady("the server is shutting down")
+            self._updates.append(({k: v.detach().to(device) for k, v in new.items()}, done))
+            self._lock.notify()
+        return done.result()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+        self._thread.join(timeout=30)
+
+    # -- the scheduler thread ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._lock:
+                    while not (self._closed or self._waiting or self._running or self._updates):
+                        self._lock.wait()
+                    if self._closed:
+                        break
+                    updates = list(self._updates)
+                    self._updates.clear()
+                    admit = self._take_admissions()
+                for params, done in updates:
+                    self._swap(params, done)
+                self._drop_cancelled()
+                for handle in admit:
+                    self._admit(handle)
+                if self._running:
+                    self._step()
+        self._abort_all()
+
+    def _take_admissions(self) -> list[RequestHandle]:
+        """Waiting requests that fit in the free rows (under the lock); cancelled ones end here."""
+        admit = []
+        while self._waiting and len(self._running) + len(admit) < self.max_batch:
+            handle = self._waiting.popleft()
+            if handle.cancelled:
+                handle.put(TokenEvent(None, None, "abort", self._version))
+            else:
+                admit.append(handle)
+        return admit
+
+    def _swap(self, params: dict, done: Future) -> None:
+        try:
+            own = dict(self.model.named_parameters())
+            for k, v in params.items():
+                own[k].copy_(v)
+            if self.backend == "fast":  # the fast decoder reads (and may pack) the weights once
+                fast = FastLlama(self.model)
+                self.rows.fast = fast
+                self.rows.state.f = fast
+            self._version += 1
+            done.set_result(self._version)
+        except Exception as e:  # noqa: BLE001 - handed to the caller
+            done.set_exception(e)
+
+    def _drop_cancelled(self) -> None:
+        keep = [i for i, r in enumerate(self._running) if not r.handle.cancelled]
+        if len(keep) < len(self._running):
+            for r in self._running:
+                if r.handle.cancelled:
+                    r.handle.put(TokenEvent(None, None, "abort", self._version))
+            self._remove(keep)
+
+    def _admit(self, handle: RequestHandle) -> None:
+        req = handle.request
+        self._arrivals += 1
+        self.counters["admitted"] += 1
+        key = ("seed", req.seed) if req.seed is not None else ("engine", self.seed, self._arrivals)
+        stop = frozenset(req.stop_token_ids if req.stop_token_ids is not None else self.stop_ids)
+        row = _Running(handle, request_generator(*key), stop)
+        if req.max_tokens == 0:
+            handle.put(TokenEvent(None, None, "length", self._version))
+            return
+        logits = self.rows.join(list(req.prompt_ids))
+        self._running.append(row)
+        self._deliver(logits[None])
+
+    def _step(self) -> None:
+        tokens = torch.tensor([r.next_token for r in self._running], dtype=torch.long, device=self._device())
+        logits = self.rows.step(tokens)
+        self.counters["steps"] += 1
+        self._deliver(logits)
+
+    def _deliver(self, logits: torch.Tensor) -> None:
+        """Sample the last ``len(logits)`` running rows' tokens, hand them out, drop finished rows."""
+        rows = self._running[len(self._running) - logits.shape[0]:]
+        reqs = [r.handle.request for r in rows]
+        tokens, logprobs = sample_rows(logits, [q.temperature for q in reqs], [q.top_p for q in reqs],
+                                       [r.generator for r in rows])
+        offset = len(self._running) - len(rows)
+        finished = []
+        for i, (r, t, lp) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist())):
+            r.history.append(t)
+            r.next_token = t
+            reason = self._finish_reason(r, t)
+            r.handle.put(TokenEvent(t, lp, reason, self._version))
+            if reason is not None:
+                finished.append(offset + i)
+        self.counters["generated_tokens"] += len(rows)
+        if finished:
+            self._remove([i for i in range(len(self._running)) if i not in finished])
+
+    def _finish_reason(self, r: _Running, token: int) -> Literal["stop", "length"] | None:
+        req = r.handle.request
+        if token in r.stop_ids:
+            return "stop"
+        if req.stop:
+            window = 4 * max(len(s) for s in req.stop) + 4  # enough tokens for the longest stop string
+            text = self.tokenizer.decode(r.history[-window:])
+            if any(s in text for s in req.stop):
+                return "stop"
+        return "length" if len(r.history) >= req.max_tokens else None
+
+    def _remove(self, keep: list[int]) -> None:
+        self.rows.keep(keep)
+        with self._lock:
+            self._running = [self._running[i] for i in keep]
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _abort_all(self) -> None:
+        with self._lock:
+            pending = list(self._waiting) + [r.handle for r in self._running]
+            self._waiting.clear()
+            self._running = []
+        for handle in pending:
+            handle.put(TokenEvent(None, None, "abort", self._version))
+        for _, done in self._updates:
+            done.set_exception(NotReady("the server is shutting down"))
+
+
+def wait_idle(engine: Batcher, timeout: float = 10.0) -> bool:
+    """Block until nothing runs or waits (tests, benchmarks); False on timeout."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        s = engine.stats()
+        if s["running"] == 0 and s["waiting"] == 0:
+            return True
+        time.sleep(0.01)
+    return False

@@ -1,0 +1,125 @@
+"""The running batch of a serving engine: rows that join and leave between decode steps.
+
+``FastRows`` runs on rlvr's fast decoder (``rollout/decoder.py``, ``rollout/kv_cache.py``): one
+``DecodeState`` of ``capacity`` rows and ``max_len`` cache columns lives as long as the server.
+Its layout is the engine's: rows are left-aligned on a shared write column ``col`` (every row's
+newest token is at ``col - 1``), and ``valid`` masks each row's columns before its prompt. So:
+
+- join: the new prompt is prefilled alone (a one-row ``DecodeState``) and its K/V copied into a
+  free row at columns ``[col - L, col)``; when the prompt is longer than ``col``, every running
+  row is first shifted right by ``L - col`` columns (their mask and positions move with them:
+  RoPE positions are per row, so a shift changes nothing they compute).
+- leave: ``DecodeState.compact`` keeps the live rows (moved to the front).
+- full cache: when ``col`` reaches ``max_len``, every row is shifted left by the first column any
+  row still uses. A row never spans more than prompt + max_tokens <= ``max_len`` columns
+  (admission checks it), so that always frees a column.
+
+The caches start at zero: a joined row's masked columns hold what an earlier row left there
+(finite values), never uninitialised memory (0 x NaN would still be NaN).
+
+``HFRows`` is the Hugging Face forward (``rollout/hf_backend.py``) for models the fast decoder
+refuses, with capacity 1: one request at a time (``--batching none``); joining rows of different
+lengths into a ``DynamicCache`` is what it does not do.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlvr.rollout.decoder import FastLlama
+from rlvr.rollout.hf_backend import HFState
+
+
+class FastRows:
+    """The running rows on the fast decoder (see the module docstring)."""
+
+    def __init__(self, fast: FastLlama, capacity: int, max_len: int, pad_token_id: int):
+        self.fast, self.capacity, self.max_len, self.pad = fast, capacity, max_len, pad_token_id
+        self.state = fast.start(capacity, max_len, cuda_graphs=False, share_prompts=False)
+        for buf in (*self.state.k, *self.state.v):
+            buf.zero_()
+        self.state.n, self.state.col = 0, 0
+
+    @property
+    def n(self) -> int:
+        return self.state.n
+
+    def join(self, prompt: list[int]) -> torch.Tensor:
+        """Prefill ``prompt`` and add it as the last row; returns its next-token logits [V]."""
+        s, L = self.state, len(prompt)
+        if s.n >= self.capacity:
+            raise RuntimeError("no free row")
+        one = self.fast.start(1, L, cuda_graphs=False, share_prompts=False)
+        logits = one.prefill([prompt], torch.zeros(1, dtype=torch.long, device=self.fast.device), self.pad)
+        if s.n == 0:
+            s.col = L
+        elif L > s.col:
+            self._shift(L - s.col)
+        r, c = s.n, s.col
+        for dst, src in zip((*s.k, *s.v), (*one.k, *one.v)):
+            dst[r, :, c - L:c] = src[0, :, :L]
+        s.valid[r] = False
+        s.valid[r, c - L:c] = True
+        s.pos[r] = L
+        s.n += 1
+        return logits[0]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row ([n] long); returns the next logits [n, V] float32."""
+        if self.state.col >= self.max_len:
+            self._shift(-self._first_used())
+        return self.state.step(tokens)
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only ``rows`` (ascending indices), moved to the front."""
+        if rows == list(range(self.state.n)):
+            return
+        self.state.compact(torch.tensor(rows, dtype=torch.long, device=self.fast.device))
+
+    def _first_used(self) -> int:
+        """The first cache column any running row attends to."""
+        s = self.state
+        used = s.valid[: s.n, : s.col].any(0)
+        return int(used.nonzero()[0]) if used.any() else s.col
+
+    def _shift(self, d: int) -> None:
+        """Move every running row's columns ``[0, col)`` by ``d`` (right when > 0), with its mask."""
+        s, n, c = self.state, self.state.n, self.state.col
+        if d == 0 or n == 0:
+            return
+        lo, hi = (0, c) if d > 0 else (-d, c)  # the source columns
+        for buf in (*s.k, *s.v, s.valid):
+            moved = buf[:n, ..., lo:hi].clone() if buf is s.valid else buf[:n, :, lo:hi].clone()
+            if buf is s.valid:
+                buf[:n] = False
+                buf[:n, lo + d:hi + d] = moved
+            else:
+                buf[:n, :, lo + d:hi + d] = moved
+        s.col = c + d
+
+
+class HFRows:
+    """One row at a time on the Hugging Face forward (see the module docstring)."""
+
+    capacity = 1
+
+    def __init__(self, model: torch.nn.Module, pad_token_id: int):
+        self.model, self.pad = model, pad_token_id
+        self.state: HFState | None = None
+
+    @property
+    def n(self) -> int:
+        return 0 if self.state is None else 1
+
+    def join(self, prompt: list[int]) -> torch.Tensor:
+        if self.state is not None:
+            raise RuntimeError("no free row")
+        self.state = HFState(self.model)
+        return self.state.prefill([prompt], torch.zeros(1, dtype=torch.long, device=self.state.device), self.pad)[0]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.state.step(tokens)
+
+    def keep(self, rows: list[int]) -> None:
+        if not rows:
+            self.state = None
