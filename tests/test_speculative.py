@@ -165,3 +165,28 @@ def test_refuses_a_draft_with_another_vocabulary(tok, target):
         speculative_generate(target, draft, [[5, 6]], greedy(4), pad_token_id=PAD)
     with pytest.raises(ValueError, match="tokenizers differ"):
         check_pair(target, build_tiny_model(DRAFT, tok, seed=0), tok, other)
+
+
+def test_streams_per_row_budgets_and_drops_a_cancelled_row(tok, target, prompts):
+    draft = model(DRAFT, tok, 1)
+    seen: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    ends: dict[int, str | None] = {}
+
+    def on_tokens(i, toks, lps, reason):
+        assert len(toks) == len(lps) >= 1
+        seen[i] += toks
+        if reason is not None:
+            ends[i] = reason
+        return i == 2 and len(seen[i]) >= 3  # the client of prompt 2 goes away
+
+    budgets = [3, 10, 20, 7]
+    out = speculative_generate(target, draft, prompts, greedy(20), k=4, pad_token_id=PAD, max_tokens=budgets,
+                               on_tokens=on_tokens)
+    ref = generate(target, prompts, greedy(20), pad_token_id=PAD)
+    for i, b in enumerate(budgets):
+        assert seen[i] == out[i].token_ids
+        if i != 2:
+            assert out[i].token_ids == ref[i].token_ids[:b] and ends[i] == "length"
+    assert 3 <= len(out[2].token_ids) < 20 and 2 not in ends
+    with pytest.raises(ValueError, match="max_tokens"):
+        speculative_generate(target, draft, prompts, greedy(5), pad_token_id=PAD, max_tokens=[6, 1, 1, 1])

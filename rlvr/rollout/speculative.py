@@ -30,7 +30,7 @@ What it does not do: stop strings (stop token ids and ``max_new_tokens`` only), 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -241,6 +241,9 @@ class _HFSpec:
     def compact(self, keep: torch.Tensor) -> None:
         self.h.compact(keep)
 
+    def prefix(self, row: int, start: int):
+        return None  # the Hugging Face cache is not kept
+
     @property
     def col(self) -> int:
         return self.h.mask.shape[1]
@@ -267,13 +270,22 @@ def speculative_generate(
     draft_backend: str = "auto",
     past: Sequence[KVPrefix | None] | None = None,
     keep_cache: bool = False,
+    draft_past: Sequence[KVPrefix | None] | None = None,
+    draft_caches: list | None = None,
+    max_tokens: Sequence[int] | None = None,
+    on_tokens: Callable[[int, list[int], list[float], str | None], bool] | None = None,
     stats: SpecStats | None = None,
 ) -> list[Completion]:
     """One completion per prompt (``params.n`` must be 1), sampled from ``target`` with ``draft``
-    proposing ``k`` tokens per round (module docstring). ``past`` (fast target only): per prompt
-    the target's K/V of its first tokens, as in ``engine.generate``; ``keep_cache`` returns with
-    each completion the target's K/V of its prompt (``Completion.cache``, prompt columns only: what
-    a prefix cache keeps). ``stats`` accumulates proposed/accepted counts."""
+    proposing ``k`` tokens per round (module docstring).
+
+    ``past`` / ``draft_past`` (fast decoder only): per prompt the model's K/V of its first tokens,
+    as in ``engine.generate``; ``keep_cache`` returns with each completion the target's K/V of its
+    prompt (``Completion.cache``, prompt columns only: what a prefix cache keeps), and a list
+    passed as ``draft_caches`` is filled with the draft's. ``max_tokens[i]`` caps prompt i below
+    ``params.max_new_tokens``. ``on_tokens(i, tokens, logprobs, finish_reason)`` is called as
+    prompt i's tokens are accepted (streaming); returning True drops the row (a cancelled
+    request). ``stats`` accumulates proposed/accepted counts."""
     if params.n != 1:
         raise ValueError("speculative_generate samples one completion per prompt (repeat a prompt for more)")
     if params.stop:
@@ -284,6 +296,8 @@ def speculative_generate(
         raise ValueError("every prompt needs at least one token")
     check_pair(target, draft)
     T = params.max_new_tokens
+    if max_tokens is not None and (len(max_tokens) != len(prompts) or not all(1 <= m <= T for m in max_tokens)):
+        raise ValueError(f"max_tokens needs one value in 1..max_new_tokens ({T}) per prompt")
     if not prompts or T == 0:
         return [Completion(i, [], [], "length") for i in range(len(prompts))]
     stats = stats if stats is not None else SpecStats()
@@ -292,8 +306,11 @@ def speculative_generate(
     target.eval(), draft.eval()
     try:
         with torch.inference_mode():
-            return _Spec(target, draft, prompts, params, k, generator, pad_token_id, backend, draft_backend,
-                         stop_ids, stats).run(past, keep_cache)
+            spec = _Spec(target, draft, prompts, params, k, generator, pad_token_id, backend, draft_backend,
+                         stop_ids, stats)
+            spec.budget = list(max_tokens) if max_tokens is not None else [T] * len(prompts)
+            spec.on_tokens = on_tokens
+            return spec.run(past, keep_cache, draft_past, draft_caches)
     finally:
         target.train(was[0]), draft.train(was[1])
 
@@ -314,6 +331,8 @@ class _Spec:
         self.out_lps: list[list[float]] = [[] for _ in range(n)]
         self.stopped = [False] * n
         self.caches: list[KVPrefix | None] = [None] * n
+        self.budget: list[int] = [T] * n
+        self.on_tokens = None
 
     def pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Token per row from logits [n, V], and its sampling distribution (None when greedy)."""
@@ -322,13 +341,15 @@ class _Spec:
         q = sampling_probs(logits, self.params.temperature, self.params.top_p)
         return draw(q, self.gen), q
 
-    def run(self, past, keep_cache: bool) -> list[Completion]:
-        T = self.params.max_new_tokens
+    def run(self, past, keep_cache: bool, draft_past=None, draft_caches: list | None = None) -> list[Completion]:
         W = max(len(p) for p in self.prompts)
-        logits = self.tgt.prefill(self.prompts, self.pad, past=past if isinstance(self.tgt, _FastSpec) else None)
-        if keep_cache and isinstance(self.tgt, _FastSpec):
+        fast_t, fast_d = isinstance(self.tgt, _FastSpec), isinstance(self.dft, _FastSpec)
+        logits = self.tgt.prefill(self.prompts, self.pad, past=past if fast_t else None)
+        if keep_cache and fast_t:
             self.caches = [self.tgt.prefix(r, W - len(p)) for r, p in enumerate(self.prompts)]
-        self.dft.prefill(self.prompts, self.pad)
+        self.dft.prefill(self.prompts, self.pad, past=draft_past if fast_d else None)
+        if draft_caches is not None:
+            draft_caches[:] = [self.dft.prefix(r, W - len(p)) if fast_d else None for r, p in enumerate(self.prompts)]
         first, _ = self.pick(logits)
         lp0 = logits.log_softmax(-1).gather(-1, first[:, None]).squeeze(-1)
         present = list(range(len(self.prompts)))
@@ -338,7 +359,7 @@ class _Spec:
             present, pend = self._drop_finished(present, alive, pend)
             if not present:
                 break
-            room = min(T - len(self.out_tokens[r]) for r in present)
+            room = min(self.budget[r] - len(self.out_tokens[r]) for r in present)
             accepted, nxt, toks, lps = self._round(pend, min(self.k, room - 1))
             alive = self._record(present, toks, lps, accepted + 1)
             pend = nxt
@@ -379,24 +400,24 @@ class _Spec:
         return accepted, nxt, toks, lps
 
     def _record(self, present: list[int], toks: torch.Tensor, lps: torch.Tensor, counts: torch.Tensor) -> list[bool]:
-        """Append each present row's first ``counts`` tokens, cut at a stop token or the budget;
-        returns which rows are still alive."""
-        T = self.params.max_new_tokens
+        """Append each present row's first ``counts`` tokens, cut at a stop token or the budget
+        (``on_tokens`` told); returns which rows are still alive."""
         alive = []
-        for i, (r, row, lp, c) in enumerate(zip(present, toks.tolist(), lps.tolist(), counts.tolist())):
-            out = self.out_tokens[r]
-            live = True
+        for r, row, lp, c in zip(present, toks.tolist(), lps.tolist(), counts.tolist()):
+            out, start = self.out_tokens[r], len(self.out_tokens[r])
+            reason = None
             for t, l in zip(row[:c], lp[:c]):
                 out.append(t)
                 self.out_lps[r].append(l)
-                self.stats.tokens += 1
                 if t in self.stop:
-                    self.stopped[r], live = True, False
+                    self.stopped[r], reason = True, "stop"
                     break
-                if len(out) >= T:
-                    live = False
+                if len(out) >= self.budget[r]:
+                    reason = "length"
                     break
-            alive.append(live)
+            self.stats.tokens += len(out) - start
+            drop = self.on_tokens is not None and self.on_tokens(r, out[start:], self.out_lps[r][start:], reason)
+            alive.append(reason is None and not drop)
         return alive
 
     def _drop_finished(self, present: list[int], alive: list[bool], pend: torch.Tensor):
