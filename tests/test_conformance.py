@@ -35,6 +35,12 @@ function that raises ``AssertionError`` naming what is wrong:
   gradients to both policy log-probs pointing towards the chosen response; pairs are independent;
   swapping chosen and rejected swaps the rewards; a loss that needs the reference depends on
   log-ratios only, and one that does not ignores whatever reference it is given.
+- ``check_engine``: a rollout engine is built from an ``EngineSetup`` of the tiny model, or refuses
+  with one ``UserError`` naming ``rollout.engine: <name>`` where it cannot run (vllm without its
+  extra or CUDA); a built one gives ``n`` completions per prompt, prompt-major, one log-prob per
+  token equal to the trainer's forward, a stop token last exactly when it stopped, the same draws
+  for the same generator seed; it serves the version it was built at, then each pushed one;
+  ``close`` is idempotent; docs/rollout.md describes it.
 
 A deliberately broken domain (its reference fails) and environment (it raises on a malformed call),
 registered with ``Registry.temporary``, make the checks fail (tested at the end), and their healthy
@@ -77,6 +83,11 @@ from rlvr.monitor.alerts import SEVERITIES
 from rlvr.monitor.config import SAMPLE_ACTIONS, STEP_ACTIONS, MonitorConfig
 from rlvr.monitor.detectors import DETECTORS
 from rlvr.monitor.trackers import TRACKERS, TrackerConfig, open_trackers
+from rlvr.errors import UserError
+from rlvr.model.load import load_model_and_tokenizer
+from rlvr.model.logprobs import sequence_logprobs
+from rlvr.rollout.engine import SamplingParams
+from rlvr.rollout.engines import ENGINES, EngineSetup
 from rlvr.train.code_tools import code_tools
 from rlvr.registry import Registry
 from rlvr.sandbox import Sandbox, choose, plaindata
@@ -830,7 +841,7 @@ def check_preference_loss(name: str) -> None:
 
 
 CHECKED = [DOMAINS, VERIFIERS, ENVS, ADVANTAGES, POLICY_LOSSES, AGGREGATIONS, KL_ESTIMATORS, PREFERENCE_LOSSES, SUITES,
-           DETECTORS, HACKS, TRACKERS]
+           DETECTORS, HACKS, TRACKERS, ENGINES]
 
 
 def rlvr_registries() -> dict[int, tuple[str, Registry]]:
@@ -980,6 +991,49 @@ def test_a_hack_of_the_wrong_shape_fails_conformance():
 
     with HACKS.temporary("flat", flat), pytest.raises(AssertionError, match="is not a list of turns"):
         check_hack("flat")
+
+
+def check_engine(name: str, model_dir: str, run_dir: Path) -> None:
+    """See the module docstring (``check_engine``)."""
+    from rlvr.train.grpo import RolloutConfig
+
+    docs = (Path(rlvr.__file__).parent.parent / "docs" / "rollout.md").read_text()
+    assert f"`rollout.engine: {name}`" in docs or f"`{name}`" in docs, f"docs/rollout.md does not describe engine {name}"
+    model, tok = load_model_and_tokenizer(model_dir)
+    try:
+        engine = ENGINES.get(name)(EngineSetup(model, tok, RolloutConfig(batch_size=8), run_dir, model_dir, 2, 0))
+    except UserError as e:
+        assert str(e).startswith(f"rollout.engine: {name} "), f"engine {name} refused without naming itself: {e}"
+        return
+    assert engine.name == name and engine.version == 2, f"engine {name}: name {engine.name!r}, version {engine.version}"
+    prompts = [tok("1+2=", add_special_tokens=False)["input_ids"], tok("30", add_special_tokens=False)["input_ids"]]
+    stops = tuple(range(40, 90))
+    params = SamplingParams(n=3, max_new_tokens=8, stop_token_ids=stops)
+    runs = [engine.generate(model, prompts, params, generator=torch.Generator().manual_seed(0),
+                            pad_token_id=tok.pad_token_id) for _ in range(2)]
+    out = runs[0]
+    assert [c.prompt_index for c in out] == [0, 0, 0, 1, 1, 1], f"engine {name}: not prompt-major n per prompt"
+    assert [c.token_ids for c in runs[1]] == [c.token_ids for c in out], f"engine {name}: draws not from the generator"
+    for c in out:
+        assert c.finish_reason in ("stop", "length") and len(c.logprobs) == len(c.token_ids) <= 8, f"engine {name}: {c}"
+        assert (c.finish_reason == "stop") == bool(c.token_ids and c.token_ids[-1] in stops), f"engine {name}: {c}"
+        ids = torch.tensor([prompts[c.prompt_index] + c.token_ids])
+        with torch.no_grad():
+            lp = sequence_logprobs(model, ids, torch.ones_like(ids))[0, len(prompts[c.prompt_index]):]
+        assert torch.allclose(lp, torch.tensor(c.logprobs), atol=1e-4), f"engine {name}: log-probs not the trainer's"
+    engine.push(model, 3)
+    assert engine.version == 3, f"engine {name}: serves {engine.version} after a push of 3"
+    engine.close()
+    engine.close()
+
+
+@pytest.mark.parametrize("name", ENGINES.names())
+def test_rollout_engine_conforms(name, tiny_model_dir, tmp_path):
+    from importlib.util import find_spec
+
+    if name == "vllm" and torch.cuda.is_available() and find_spec("vllm") is not None:
+        pytest.skip("vllm builds here: its GPU test (tests/test_vllm_engine.py) runs it on a model it fits")
+    check_engine(name, tiny_model_dir, tmp_path)
 
 
 def check_tracker(name: str, run_dir: Path) -> None:

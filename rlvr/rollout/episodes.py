@@ -261,15 +261,16 @@ def run_tasks(model, tokenizer, tasks: list[Task], params: SamplingParams, pool:
     multi = [i for i, t in enumerate(tasks) if t.multi_turn]
     single = [i for i, t in enumerate(tasks) if not t.multi_turn]
     episodes: list[Episode] = []
+    on = {"engine": engine} if engine is not None else {}  # the default path calls exactly as before
     if single:
         trajectories = collect(model, tokenizer, [tasks[i] for i in single], params, generator=generator,
-                               policy_version=policy_version, batch_size=batch_size, engine=engine)
+                               policy_version=policy_version, batch_size=batch_size, **on)
         episodes += [Episode(dataclasses.replace(t, group_id=single[t.group_id])) for t in trajectories]
     if multi:
         if pool is None:
             raise ValueError("multi-turn tasks need an EnvPool")
         played = collect_episodes(model, tokenizer, [tasks[i] for i in multi], params, pool, generator=generator,
-                                  policy_version=policy_version, batch_size=batch_size, engine=engine)
+                                  policy_version=policy_version, batch_size=batch_size, **on)
         episodes += [Episode(dataclasses.replace(ep.trajectory, group_id=multi[ep.trajectory.group_id]), ep.env)
                      for ep in played]
     episodes.sort(key=lambda ep: ep.trajectory.group_id)  # stable: samples keep their order
