@@ -5,33 +5,24 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fast_models import PAD, TARGET, arith_tokenizer, noisy_model
 
-from rlvr.model.tiny import TinyModelConfig, build_tiny_model
-from rlvr.model.tokenizer import train_tokenizer
 from rlvr.rollout.engine import SamplingParams, generate
 from rlvr.rollout.kv_cache import DecodeState, KVPrefix
 from rlvr.rollout.prefix_cache import PrefixCache, cached_generate, prefix_bytes
 from rlvr.rollout.speculative import speculative_generate
 
-CFG = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
-PAD = 2
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, stop_token_ids=())
 
 
 @pytest.fixture(scope="module")
 def tok():
-    return train_tokenizer([f"Compute: {i} + {i * 7 % 13}\nThe answer is {i + i * 7 % 13}." for i in range(200)], 300)
+    return arith_tokenizer()
 
 
 @pytest.fixture(scope="module")
 def model(tok):
-    m = build_tiny_model(CFG, tok, seed=0)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for w in m.parameters():
-            if w.dim() == 2:
-                w.copy_(torch.randn(w.shape, generator=g) * 0.3)
-    return m
+    return noisy_model(TARGET, tok, 0)
 
 
 @pytest.fixture(scope="module")

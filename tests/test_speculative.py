@@ -7,8 +7,8 @@ import copy
 
 import pytest
 import torch
+from fast_models import DRAFT, PAD, TARGET, arith_tokenizer, noisy_model
 
-from rlvr.model.tiny import TinyModelConfig, build_tiny_model
 from rlvr.model.tokenizer import train_tokenizer
 from rlvr.rollout.engine import SamplingParams, generate
 from rlvr.rollout.speculative import (
@@ -20,30 +20,15 @@ from rlvr.rollout.speculative import (
     speculative_generate,
 )
 
-TARGET = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
-DRAFT = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=32)
-PAD = 2
-
 
 @pytest.fixture(scope="module")
 def tok():
-    return train_tokenizer([f"Compute: {i} + {i * 7 % 13}\nThe answer is {i + i * 7 % 13}." for i in range(200)], 300)
-
-
-def model(cfg: TinyModelConfig, tok, seed: int):
-    """A random tiny model with weights large enough that greedy does not just repeat a token."""
-    m = build_tiny_model(cfg, tok, seed=seed)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for w in m.parameters():
-            if w.dim() == 2:
-                w.copy_(torch.randn(w.shape, generator=g) * 0.3)
-    return m
+    return arith_tokenizer()
 
 
 @pytest.fixture(scope="module")
 def target(tok):
-    return model(TARGET, tok, 0)
+    return noisy_model(TARGET, tok, 0)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +45,7 @@ def greedy(T: int, stop=()) -> SamplingParams:
 @pytest.mark.parametrize("draft_seed", [1, 2, None])  # None: the draft is the target (all accepted)
 @pytest.mark.parametrize("k", [1, 4])
 def test_greedy_output_is_the_targets_greedy_decode(tok, target, prompts, backend, draft_seed, k):
-    draft = target if draft_seed is None else model(DRAFT, tok, draft_seed)
+    draft = target if draft_seed is None else noisy_model(DRAFT, tok, draft_seed)
     T = 24
     ref = generate(target, prompts, greedy(T), pad_token_id=PAD, backend="fast")
     stats = SpecStats()
@@ -84,7 +69,7 @@ def test_max_tokens_and_stop_token_edges(tok, target, prompts, T):
     stop = ref[0].token_ids[3]  # the 4th greedy token of prompt 0 stops every row that meets it
     for params in (greedy(T), greedy(20, stop=(stop,))):
         want = generate(target, prompts, params, pad_token_id=PAD)
-        for draft in (target, model(DRAFT, tok, 3)):
+        for draft in (target, noisy_model(DRAFT, tok, 3)):
             got = speculative_generate(target, draft, prompts, params, k=4, pad_token_id=PAD)
             assert [(c.token_ids, c.finish_reason) for c in got] == [(c.token_ids, c.finish_reason) for c in want]
     assert want[0].finish_reason == "stop" and want[0].token_ids[-1] == stop
@@ -93,7 +78,7 @@ def test_max_tokens_and_stop_token_edges(tok, target, prompts, T):
 def test_many_rejections_compact_the_cache(tok, target, prompts):
     """A poor draft at k = 6 over 60 tokens feeds more columns than the cache holds: the fast
     state compacts to its valid columns (defrag) and the output is still the target's."""
-    draft = model(DRAFT, tok, 5)
+    draft = noisy_model(DRAFT, tok, 5)
     ref = generate(target, prompts, greedy(60), pad_token_id=PAD)
     stats = SpecStats()
     out = speculative_generate(target, draft, prompts, greedy(60), k=6, pad_token_id=PAD, stats=stats)
@@ -158,17 +143,17 @@ def test_greedy_accept():
 
 def test_refuses_a_draft_with_another_vocabulary(tok, target):
     other = train_tokenizer([f"x{i} y{i * 3}" for i in range(100)], 280)
-    draft = build_tiny_model(DRAFT, other, seed=0)
+    draft = noisy_model(DRAFT, other, 0)
     with pytest.raises(ValueError, match="vocabularies differ"):
         check_pair(target, draft)
     with pytest.raises(ValueError, match="vocabularies differ"):
         speculative_generate(target, draft, [[5, 6]], greedy(4), pad_token_id=PAD)
     with pytest.raises(ValueError, match="tokenizers differ"):
-        check_pair(target, build_tiny_model(DRAFT, tok, seed=0), tok, other)
+        check_pair(target, noisy_model(DRAFT, tok, 0), tok, other)
 
 
 def test_streams_per_row_budgets_and_drops_a_cancelled_row(tok, target, prompts):
-    draft = model(DRAFT, tok, 1)
+    draft = noisy_model(DRAFT, tok, 1)
     seen: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
     ends: dict[int, str | None] = {}
 

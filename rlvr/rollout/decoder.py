@@ -152,6 +152,8 @@ def _layer_reason(layer: torch.nn.Module) -> str | None:
     fused_gu = hasattr(mlp, "gate_up_proj")  # Phi-3: [gate; up] in one projection
     if not all(hasattr(mlp, n) for n in (*(("gate_up_proj",) if fused_gu else ("gate_proj", "up_proj")), "down_proj")):
         return "MLP differs from SwiGLU"
+    if not all(isinstance(getattr(m, "weight", None), torch.Tensor) for m in (att.o_proj, mlp.down_proj)):
+        return "quantised Linear layers (packed int8 weights: model/quantize.py runs them on the Hugging Face forward)"
     for name in ("q_norm", "k_norm"):  # Qwen3: RMSNorm over each head's head_dim, before RoPE
         norm = getattr(att, name, None)
         if norm is not None and (not _is_rms(norm) or tuple(norm.weight.shape) != (int(att.head_dim),)):
