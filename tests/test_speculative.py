@@ -175,3 +175,10 @@ def test_streams_per_row_budgets_and_drops_a_cancelled_row(tok, target, prompts)
     assert 3 <= len(out[2].token_ids) < 20 and 2 not in ends
     with pytest.raises(ValueError, match="max_tokens"):
         speculative_generate(target, draft, prompts, greedy(5), pad_token_id=PAD, max_tokens=[6, 1, 1, 1])
+
+
+def test_without_a_draft_it_decodes_the_target_alone(target, prompts):
+    ref = generate(target, prompts, greedy(9), pad_token_id=PAD)
+    stats = SpecStats()
+    out = speculative_generate(target, None, prompts, greedy(9), pad_token_id=PAD, stats=stats)
+    assert [c.token_ids for c in out] == [c.token_ids for c in ref] and stats.proposed == 0

@@ -108,7 +108,7 @@ def accept_and_resample(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
     accepted = ok.long().cumprod(-1).sum(-1)
     idx = accepted[:, None, None].expand(n, 1, p.shape[-1])
     p_at = p.gather(1, idx).squeeze(1)
-    q_pad = torch.cat([q, torch.zeros_like(q[:, :1])], 1)  # after k acceptances: residual(p, 0) = p
+    q_pad = torch.cat([q, q.new_zeros((n, 1, p.shape[-1]))], 1)  # after k acceptances: residual(p, 0) = p
     dist = residual(p_at, q_pad.gather(1, idx).squeeze(1))
     return accepted, draw(dist, generator)
 
@@ -259,7 +259,7 @@ def _spec_state(model, backend: str, rows: int, max_len: int):
 # -- the decode loop ---------------------------------------------------------------------------------
 def speculative_generate(
     target: torch.nn.Module,
-    draft: torch.nn.Module,
+    draft: torch.nn.Module | None,
     prompts: Sequence[Sequence[int]],
     params: SamplingParams,
     *,
@@ -277,7 +277,8 @@ def speculative_generate(
     stats: SpecStats | None = None,
 ) -> list[Completion]:
     """One completion per prompt (``params.n`` must be 1), sampled from ``target`` with ``draft``
-    proposing ``k`` tokens per round (module docstring).
+    proposing ``k`` tokens per round (module docstring); ``draft=None`` (or ``k=0``) decodes the
+    target alone, one token per forward.
 
     ``past`` / ``draft_past`` (fast decoder only): per prompt the model's K/V of its first tokens,
     as in ``engine.generate``; ``keep_cache`` returns with each completion the target's K/V of its
@@ -294,7 +295,10 @@ def speculative_generate(
         raise ValueError(f"k must be >= 0, got {k}")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
-    check_pair(target, draft)
+    if draft is None or k == 0:
+        draft, k = None, 0
+    else:
+        check_pair(target, draft)
     T = params.max_new_tokens
     if max_tokens is not None and (len(max_tokens) != len(prompts) or not all(1 <= m <= T for m in max_tokens)):
         raise ValueError(f"max_tokens needs one value in 1..max_new_tokens ({T}) per prompt")
@@ -302,8 +306,8 @@ def speculative_generate(
         return [Completion(i, [], [], "length") for i in range(len(prompts))]
     stats = stats if stats is not None else SpecStats()
     stop_ids = params.stop_token_ids if params.stop_token_ids is not None else model_stop_ids(target)
-    was = (target.training, draft.training)
-    target.eval(), draft.eval()
+    was = (target.training, (draft or target).training)
+    target.eval(), (draft or target).eval()
     try:
         with torch.inference_mode():
             spec = _Spec(target, draft, prompts, params, k, generator, pad_token_id, backend, draft_backend,
@@ -312,7 +316,7 @@ def speculative_generate(
             spec.on_tokens = on_tokens
             return spec.run(past, keep_cache, draft_past, draft_caches)
     finally:
-        target.train(was[0]), draft.train(was[1])
+        (draft or target).train(was[1]), target.train(was[0])
 
 
 class _Spec:
@@ -323,7 +327,7 @@ class _Spec:
         n, W, T = len(prompts), max(len(p) for p in prompts), params.max_new_tokens
         max_len = W + 2 * T + 2 * (k + 1)
         self.tgt = _spec_state(target, backend, n, max_len)
-        self.dft = _spec_state(draft, draft_backend, n, max_len)
+        self.dft = _spec_state(draft, draft_backend, n, max_len) if draft is not None else None
         self.prompts, self.params, self.k, self.gen, self.pad = prompts, params, k, generator, pad
         self.stop = set(stop_ids)
         self.stats = stats
@@ -344,10 +348,12 @@ class _Spec:
     def run(self, past, keep_cache: bool, draft_past=None, draft_caches: list | None = None) -> list[Completion]:
         W = max(len(p) for p in self.prompts)
         fast_t, fast_d = isinstance(self.tgt, _FastSpec), isinstance(self.dft, _FastSpec)
+        dft = self.dft
         logits = self.tgt.prefill(self.prompts, self.pad, past=past if fast_t else None)
         if keep_cache and fast_t:
             self.caches = [self.tgt.prefix(r, W - len(p)) for r, p in enumerate(self.prompts)]
-        self.dft.prefill(self.prompts, self.pad, past=draft_past if fast_d else None)
+        if dft is not None:
+            dft.prefill(self.prompts, self.pad, past=draft_past if fast_d else None)
         if draft_caches is not None:
             draft_caches[:] = [self.dft.prefix(r, W - len(p)) if fast_d else None for r, p in enumerate(self.prompts)]
         first, _ = self.pick(logits)
@@ -371,9 +377,11 @@ class _Spec:
         ones. Returns (accepted [n], next token [n], emitted tokens [n, k+1], their logprobs)."""
         n = pend.shape[0]
         drafts, qs = [], []
-        self.dft.reserve(k + 1)
         self.tgt.reserve(k + 1)
-        dstart, tstart = self.dft.col, self.tgt.col
+        tstart = self.tgt.col
+        if k:
+            self.dft.reserve(k + 1)
+            dstart = self.dft.col
         tok = pend
         for _ in range(k):
             d, q = self.pick(self.dft.extend(tok[:, None])[:, 0])
@@ -391,7 +399,8 @@ class _Spec:
             q = torch.stack(qs, 1) if k else p[:, :0]
             accepted, nxt = accept_and_resample(p, q, d, self.gen)
         self.tgt.truncate(tstart, accepted + 1)
-        self.dft.truncate(dstart, accepted + 1)
+        if k:
+            self.dft.truncate(dstart, accepted + 1)
         toks = torch.cat([d, torch.zeros_like(pend[:, None])], 1).scatter_(1, accepted[:, None], nxt[:, None])
         lps = tl.log_softmax(-1).gather(-1, toks[..., None]).squeeze(-1)
         self.stats.rounds += 1
@@ -427,6 +436,7 @@ class _Spec:
         if keep_l:
             keep = torch.tensor(keep_l, device=pend.device)
             self.tgt.compact(keep)
-            self.dft.compact(keep)
+            if self.dft is not None:
+                self.dft.compact(keep)
             pend = pend.index_select(0, keep)
         return [present[i] for i in keep_l], pend
