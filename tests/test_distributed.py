@@ -39,7 +39,8 @@ def _train_args(tmp: Path, model: str) -> list[str]:
     (tmp / "t.jsonl").write_text("".join(json.dumps({"question": f"Say something about {w}."}) + "\n" for w in words))
     sets = ["rollout.tasks_per_step=4", "rollout.samples_per_task=4", "rollout.max_new_tokens=6",
             "distributed.rollout_chunk=1", "algo.minibatch_size=8", "algo.microbatch_size=2", "steps=5",
-            "checkpoint_every=3", "monitor.sample_share=1.0", "save_trajectories_every=1", "optim.lr=1e-2"]
+            "checkpoint_every=3", "monitor.sample_share=1.0", "save_trajectories_every=1", "optim.lr=1e-2",
+            "distributed.bucket_mb=0.001"]  # ~1 KB buckets: the gradients are summed in many all-reduces
     return ["train", "--model", model, "--tasks", str(tmp / "t.jsonl"), "--map", "prompt=question",
             "--reward", f"{tmp / 'variety.py'}:variety", *[a for s in sets for a in ("--set", s)]]
 
@@ -126,6 +127,7 @@ def test_rollout_chunks_and_their_seeds_do_not_depend_on_the_world_size():
 @pytest.mark.parametrize("overrides, key", [
     (["distributed.backend=mpi"], "distributed.backend"),
     (["distributed.rollout_chunk=-1"], "distributed.rollout_chunk"),
+    (["distributed.bucket_mb=0"], "distributed.bucket_mb"),
 ])
 def test_bad_distributed_keys_are_named(overrides, key):
     from rlvr.train.grpo import GRPOConfig
@@ -175,3 +177,14 @@ def test_full_fine_tuning_recipe_parses_and_its_counts_are_right():
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(shape)
     assert round(sum(p.numel() for p in model.parameters()) / 1e6, 1) == 1543.7
+
+
+def test_gradient_buckets_keep_order_and_stay_under_the_limit():
+    from rlvr.train.distributed import buckets
+
+    sizes = [3, 4, 1, 9, 2, 2, 5]
+    tensors = [torch.zeros(n) for n in sizes]
+    cut = buckets(tensors, 6)
+    assert [t for b in cut for t in b] == tensors  # every tensor once, in order
+    assert [[t.numel() for t in b] for b in cut] == [[3], [4, 1], [9], [2, 2], [5]]  # 9 > 6 goes alone
+

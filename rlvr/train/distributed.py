@@ -38,9 +38,15 @@ class DistributedConfig:
     own seed drawn from the run's generator and dealt to the ranks round-robin. Required with
     more than one process; runs with the same value give the same batches at every world size."""
 
+    bucket_mb: float = 64.0
+    """Gradient megabytes per all-reduce: gradients are summed over the ranks bucket by bucket, so
+    the flat buffer the reduction needs is one bucket, not a second copy of every gradient (DDP's
+    ``bucket_cap_mb``, for the same reason)."""
+
     def __post_init__(self) -> None:
         check_choice("distributed.backend", self.backend, BACKENDS)
         check_range("distributed.rollout_chunk", self.rollout_chunk, 0)
+        check_range("distributed.bucket_mb", self.bucket_mb, 1e-6)
 
 
 @dataclass(frozen=True)
@@ -115,7 +121,7 @@ def from_rank0(fn: Callable[[], Any]) -> Any:
 
 
 @torch.no_grad()
-def all_reduce_grads(params: list[torch.Tensor]) -> None:
+def all_reduce_grads(params: list[torch.Tensor], bucket_mb: float = 64.0) -> None:
     """Sum the ranks' gradients of ``params`` into every rank's ``.grad``, one flat buffer per
     dtype. A parameter no rank has a gradient for keeps ``grad = None`` (AdamW skips it, as in one
     process); one that some rank lacks counts zeros there."""
@@ -130,7 +136,22 @@ def all_reduce_grads(params: list[torch.Tensor]) -> None:
         if p.grad is not None:
             by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
     for grads in by_dtype.values():
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        for g, reduced in zip(grads, flat.split([g.numel() for g in grads])):
-            g.copy_(reduced.view_as(g))
+        for bucket in buckets(grads, max(1, int(bucket_mb * 2**20) // grads[0].element_size())):
+            flat = torch.cat([g.reshape(-1) for g in bucket])
+            dist.all_reduce(flat)
+            for g, reduced in zip(bucket, flat.split([g.numel() for g in bucket])):
+                g.copy_(reduced.view_as(g))
+
+
+
+def buckets(tensors: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
+    """``tensors`` in order, cut into runs of at most ``limit`` elements (a larger tensor alone)."""
+    out: list[list[torch.Tensor]] = []
+    size = limit
+    for t in tensors:
+        if size + t.numel() > limit:
+            out.append([])
+            size = 0
+        out[-1].append(t)
+        size += t.numel()
+    return out

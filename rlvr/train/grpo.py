@@ -112,6 +112,7 @@ from rlvr.train.common import (
 from rlvr.types import Batch, Scored, Task
 from rlvr.workers.config import RayConfig
 from rlvr.rollout.engines import ENGINES, EngineSetup, EngineSource, RolloutEngine
+from rlvr.rollout.remote_engine import RemoteConfig
 from rlvr.rollout.vllm_engine import VLLMConfig, require_vllm
 
 BACKENDS = ("local", "ray")
@@ -135,11 +136,14 @@ class RolloutConfig:
     """model | bf16: the engine's matrix multiplies in the model's dtype or in bfloat16 (the
     rest in the model's dtype; ``SamplingParams.precision``, docs/rollout.md)."""
     engine: str = "rlvr"
-    """rlvr | vllm: what generates the rollouts: rlvr's own engine on the trainer's model, or vLLM
-    in this process on its GPU, weights pushed after each update (the ``vllm`` extra;
-    ``rlvr.rollout.engines``, docs/rollout.md "vLLM engine"). Eval always uses rlvr's engine."""
+    """rlvr | vllm | remote: what generates the rollouts: rlvr's own engine on the trainer's model,
+    vLLM in this process on its GPU (the ``vllm`` extra), or an OpenAI-compatible server
+    (``rollout.remote.*``); the last two get the weights after each update (``rlvr.rollout.engines``,
+    docs/rollout.md "vLLM engine", "Remote engines"). Eval always uses rlvr's engine."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """With ``engine: vllm``: vLLM's memory share, dtype, CUDA graphs, context, canary tolerance."""
+    remote: RemoteConfig = field(default_factory=RemoteConfig)
+    """With ``engine: remote``: the server's URL, keys, model name, concurrency, weight push, canary."""
 
     def __post_init__(self) -> None:
         check_choice("rollout.precision", self.precision, list(PRECISIONS))
@@ -149,6 +153,11 @@ class RolloutConfig:
             if self.precision != "model":
                 raise ConfigError("config key 'rollout.precision' is rlvr's engine's; with 'rollout.engine: vllm' "
                                   "set 'rollout.vllm.dtype' instead")
+        if self.engine == "remote":
+            self.remote.require()
+            if self.precision != "model":
+                raise ConfigError("config key 'rollout.precision' is rlvr's engine's; with 'rollout.engine: remote' "
+                                  "the server's own settings decide its precision")
         check_range("rollout.tasks_per_step", self.tasks_per_step, 1)
         check_range("rollout.samples_per_task", self.samples_per_task, 1)
         check_range("rollout.temperature", self.temperature, 0.0)
@@ -711,7 +720,7 @@ def minibatch_backward(run: Run, mini: Batch, a: AlgoConfig, totals: dict, is_ca
         loss, metrics = micro_loss(run.model, micro, a, totals, is_cap=is_cap)
         loss.backward()
         mine.append(metrics)
-    all_reduce_grads([p for p in run.model.parameters() if p.requires_grad])
+    all_reduce_grads([p for p in run.model.parameters() if p.requires_grad], run.cfg.distributed.bucket_mb)
     per_rank = gather(mine)
     return [per_rank[u % run.group.world][u // run.group.world] for u in range(len(starts))]
 
