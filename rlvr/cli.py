@@ -499,6 +499,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(p)  # --backend, --workers, --n, --rounds, --kind, --json (bench)
     p.set_defaults(fn=cmd_sandbox, quiet=False)
+    from rlvr.serve.cli import add_parser as add_serve_parser
+
+    add_serve_parser(sub)  # rlvr serve (docs/serve.md)
     return parser
 
 

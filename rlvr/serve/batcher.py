@@ -44,6 +44,7 @@ from typing import Literal
 import torch
 
 from rlvr.errors import UserError
+from rlvr.model.logprobs import sequence_logprobs
 from rlvr.rollout.decoder import FastLlama, unsupported_reason
 from rlvr.rollout.engine import model_stop_ids
 from rlvr.serve.rows import FastRows, HFRows
@@ -223,6 +224,9 @@ class Batcher:
         key = ("seed", req.seed) if req.seed is not None else ("engine", self.seed, self._arrivals)
         stop = frozenset(req.stop_token_ids if req.stop_token_ids is not None else self.stop_ids)
         row = _Running(handle, request_generator(*key), stop)
+        if req.prompt_logprobs:
+            ids = torch.tensor([req.prompt_ids], device=self._device())
+            handle.prompt_logprobs = sequence_logprobs(self.model, ids, torch.ones_like(ids))[0].tolist()
         if req.max_tokens == 0:
             handle.put(TokenEvent(None, None, "length", self._version))
             return

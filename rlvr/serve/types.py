@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
@@ -54,6 +55,10 @@ class GenRequest:
     delivered; the HTTP layer trims the text)."""
     logprobs: bool = False
     """Whether the caller wants log-probs (engines may always fill them; it is a hint)."""
+    prompt_logprobs: bool = False
+    """Also score the prompt: the engine sets ``RequestHandle.prompt_logprobs`` (``log pi`` of each
+    prompt token given the ones before it; the first token gets 0.0) before the first event
+    (``echo`` + ``logprobs`` of ``/v1/completions``: the trainer's weight canary)."""
     request_id: str = ""
     """The caller's id, for logs and metrics."""
 
@@ -87,12 +92,15 @@ class RequestHandle:
     def __init__(self, request: GenRequest):
         self.request = request
         self.cancelled = False
+        self.prompt_logprobs: list[float] | None = None  # set by the engine (GenRequest.prompt_logprobs)
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self._loop = None
         self._aq: asyncio.Queue[TokenEvent] | None = asyncio.Queue() if self._loop else None
         self._q: queue.SimpleQueue[TokenEvent] = queue.SimpleQueue()
+        self._pending: list[TokenEvent] = []  # events not yet handed to the loop
+        self._lock = threading.Lock()
         self.finished = False
 
     def put(self, event: TokenEvent) -> None:
@@ -103,10 +111,20 @@ class RequestHandle:
         if self._loop is None:
             self._q.put(event)
             return
-        try:
-            self._loop.call_soon_threadsafe(self._aq.put_nowait, event)
+        with self._lock:
+            self._pending.append(event)
+            if len(self._pending) > 1:  # a wake-up is already scheduled: it takes this one too
+                return
+        try:  # one wake-up of the loop per batch of events: fewer GIL hand-overs
+            self._loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
+
+    def _drain(self) -> None:
+        with self._lock:
+            events, self._pending = self._pending, []
+        for event in events:
+            self._aq.put_nowait(event)
 
     async def __aiter__(self) -> AsyncIterator[TokenEvent]:
         if self._aq is None:

@@ -1,0 +1,159 @@
+"""The FastAPI app of ``rlvr serve``: routes, auth, errors, and loading the engine.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (``rlvr/serve/handlers.py``),
+``GET /v1/models``, ``GET /health`` (200 once the engine is up, 503 while it loads or after a
+failed load), ``GET /metrics`` (Prometheus text, ``rlvr/serve/metrics.py``) and the rlvr
+extension ``POST /v1/weights`` (``{"path": DIR}``, ``Authorization: Bearer <admin token>``:
+401 without the header, 403 with a wrong token or when no admin token is set).
+
+The engine loads on a background thread when the app starts (``load`` returns ``(engine,
+tokenizer)``), so ``/health`` answers 503 meanwhile; a load that fails calls ``on_load_error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import threading
+import time
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from rlvr.errors import UserError
+from rlvr.serve.errors import (
+    ApiError,
+    api_error_handler,
+    error_response,
+    validation_handler,
+)
+from rlvr.serve.handlers import Call, chat_completion, completion
+from rlvr.serve.metrics import ServeMetrics
+from rlvr.serve.protocol import ChatCompletionRequest, CompletionRequest, WeightsRequest
+
+
+class _Server:
+    """What the routes share: the engine once loaded, and the settings."""
+
+    def __init__(self, model_name: str, api_key: str, admin_token: str):
+        self.model_name, self.api_key, self.admin_token = model_name, api_key, admin_token
+        self.engine = None
+        self.tokenizer = None
+        self.load_error: str | None = None
+        self.created = int(time.time())
+        self.metrics = ServeMetrics(lambda: self.engine.stats() if self.engine is not None else None)
+
+
+def _bearer(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    return auth[7:].strip() if auth.lower().startswith("bearer ") else None
+
+
+def create_app(load: Callable[[], tuple[object, object]], *, model_name: str, api_key: str = "",
+               admin_token: str = "", on_load_error: Callable[[BaseException], None] | None = None) -> FastAPI:
+    """The app; ``load()`` (run on a thread at startup) builds the engine and the tokenizer."""
+    s = _Server(model_name, api_key, admin_token)
+
+    def _load() -> None:
+        try:
+            s.engine, s.tokenizer = load()
+        except BaseException as e:  # noqa: BLE001 - reported through /health and the callback
+            s.load_error = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
+            if on_load_error is not None:
+                on_load_error(e)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        threading.Thread(target=_load, name="rlvr-serve-load", daemon=True).start()
+        yield
+        if s.engine is not None:
+            await run_in_threadpool(s.engine.close)
+
+    app = FastAPI(title="rlvr serve", lifespan=lifespan)
+    app.state.server = s
+    app.add_exception_handler(ApiError, api_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_handler)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        return error_response(e.status_code, str(e.detail), "invalid_request_error" if e.status_code < 500 else "server_error")
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        response = await call_next(request)
+        if request.url.path != "/metrics":
+            s.metrics.requests.labels(request.url.path, str(response.status_code)).inc()
+        return response
+
+    def ready_engine(request: Request, model: str | None = None):
+        """The engine for a /v1 request: API key checked, loaded, and ``model`` the served one."""
+        if s.api_key and not hmac.compare_digest((_bearer(request) or "").encode(), s.api_key.encode()):
+            raise ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)", type="authentication_error",
+                           code="invalid_api_key")
+        engine = _loaded(s)
+        if model is not None and model != s.model_name:
+            raise ApiError(404, f"model '{model}' is not served here; this server serves '{s.model_name}'",
+                           param="model", code="model_not_found")
+        return engine
+
+    def call(request: Request, endpoint: str) -> Call:
+        return Call(s.engine, s.tokenizer, s.model_name, s.metrics, request, endpoint)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request):
+        ready_engine(request, body.model)
+        return await chat_completion(call(request, "chat"), body)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        ready_engine(request, body.model)
+        if body.echo and body.stream:
+            raise ApiError(400, "echo is not supported with stream", param="echo")
+        return await completion(call(request, "completions"), body)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        engine = ready_engine(request)
+        return {"object": "list", "data": [{"id": s.model_name, "object": "model", "created": s.created,
+                                            "owned_by": "rlvr", "version": engine.version,
+                                            "max_model_len": engine.max_context}]}
+
+    @app.get("/health")
+    async def health():
+        if s.engine is None or not s.engine.ready:
+            return JSONResponse({"status": "error" if s.load_error else "loading", "error": s.load_error}, 503)
+        return {"status": "ok", "model": s.model_name, "version": s.engine.version}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(s.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/v1/weights")
+    async def weights(body: WeightsRequest, request: Request):
+        token = _bearer(request)
+        if token is None:
+            raise ApiError(401, "weight updates need Authorization: Bearer <admin token>", type="authentication_error",
+                           code="missing_token")
+        if not s.admin_token or not hmac.compare_digest(token.encode(), s.admin_token.encode()):
+            raise ApiError(403, "wrong admin token" if s.admin_token else "weight updates are off (no --admin-token)",
+                           type="permission_error", code="forbidden")
+        engine = _loaded(s)
+        try:
+            version = await asyncio.to_thread(engine.load_weights, body.path)
+        except (UserError, ValueError) as e:
+            raise ApiError(400, str(e), param="path") from None
+        return {"version": version, "path": body.path}
+
+    return app
+
+
+def _loaded(s: _Server):
+    """The engine, or 503 while it loads (or after it failed to)."""
+    if s.engine is None or not s.engine.ready:
+        raise ApiError(503, s.load_error or "the model is loading", type="server_error", code="not_ready")
+    return s.engine

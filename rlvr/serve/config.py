@@ -1,0 +1,96 @@
+"""``ServeConfig`` (the flags of ``rlvr serve``) and ``ENGINES``, the registry of serving engines.
+
+An engine is built by name from the loaded model: ``continuous`` (``rlvr/serve/batcher.py``,
+the default) and ``none`` (the same scheduler, one request at a time). Another engine (the fast
+mode's) registers a factory ``(cfg, model, tokenizer) -> ServingEngine`` under its own name and
+``ServeConfig.engine_name`` picks it; the HTTP layer does not change.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rlvr.config import check_choice
+from rlvr.errors import ConfigError
+from rlvr.registry import Registry
+from rlvr.serve.types import ServingEngine
+
+ENGINES: Registry[Callable[..., ServingEngine]] = Registry("serving engine")
+
+
+@dataclass
+class ServeConfig:
+    """How ``rlvr serve`` runs (each field is a CLI flag)."""
+
+    model: str
+    """Hugging Face causal-LM directory to serve."""
+    host: str = "127.0.0.1"
+    """Address to bind; anything but loopback needs --api-key."""
+    port: int = 8000
+    """TCP port."""
+    device: str = "auto"
+    """cpu | cuda | auto (cuda when available)."""
+    dtype: str = "auto"
+    """Weights' dtype: auto (as stored) | float32 | bfloat16 | float16."""
+    max_batch: int = 16
+    """Most requests (choices) decoded together."""
+    max_waiting: int = 64
+    """Most requests waiting for a row; past it, 429."""
+    max_context: int = 0
+    """Longest prompt + completion in tokens; 0: the model's max_position_embeddings."""
+    batching: str = "continuous"
+    """continuous (requests join and leave between decode steps) | none (one at a time)."""
+    model_name: str = ""
+    """The model id clients send; default: the directory's name."""
+    admin_token: str = ""
+    """Bearer token of POST /v1/weights (default: env RLVR_ADMIN_TOKEN); empty: weight updates off."""
+    api_key: str = ""
+    """Bearer key every /v1 request must send (default: env RLVR_API_KEY); empty: none needed."""
+    seed: int = 0
+    """Seed of the streams of requests that send no seed."""
+
+    def __post_init__(self) -> None:
+        check_choice("--device", self.device, ["auto", "cpu", "cuda"])
+        check_choice("--batching", self.batching, ["continuous", "none"])
+        for name in ("max_batch", "port"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.max_waiting < 0 or self.max_context < 0:
+            raise ConfigError("--max-waiting and --max-context must be >= 0")
+        self.admin_token = self.admin_token or os.environ.get("RLVR_ADMIN_TOKEN", "")
+        self.api_key = self.api_key or os.environ.get("RLVR_API_KEY", "")
+        if not self.api_key and not is_loopback(self.host):
+            raise ConfigError(f"--host {self.host} is reachable from other machines; pass --api-key KEY (or set "
+                              "RLVR_API_KEY) so that only clients with the key can generate")
+
+    @property
+    def engine_name(self) -> str:
+        return self.batching
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@ENGINES.register("continuous")
+def _continuous(cfg: ServeConfig, model, tokenizer) -> ServingEngine:
+    from rlvr.serve.batcher import Batcher
+
+    return Batcher(model, tokenizer, max_batch=cfg.max_batch, max_waiting=cfg.max_waiting,
+                   max_context=cfg.max_context or None, batching="continuous", seed=cfg.seed)
+
+
+@ENGINES.register("none")
+def _one_at_a_time(cfg: ServeConfig, model, tokenizer) -> ServingEngine:
+    from rlvr.serve.batcher import Batcher
+
+    return Batcher(model, tokenizer, max_batch=1, max_waiting=cfg.max_waiting,
+                   max_context=cfg.max_context or None, batching="none", seed=cfg.seed)

@@ -1,0 +1,352 @@
+"""``/v1/chat/completions`` and ``/v1/completions``: requests to ``GenRequest``s, engine events
+to OpenAI responses (one JSON body, or server-sent events ending ``data: [DONE]``).
+
+Each choice is one ``GenRequest`` (``n`` choices of ``p`` prompts: ``n * p`` of them, submitted
+together; if the queue refuses one, the others are cancelled and the request gets 429). A request
+``seed`` gives choice ``i`` the stream of key ``(seed, i)``, so a seeded request repeats exactly.
+Streaming with tools: text before a ``<tool_call>`` streams as content; the calls come whole in
+the last chunk of the choice, with finish_reason ``tool_calls``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from rlvr.serve.chat import TOOL_MARKERS, BadField, encode_chat, parse_reply
+from rlvr.serve.errors import ApiError
+from rlvr.serve.protocol import ChatCompletionRequest, CompletionRequest
+from rlvr.serve.text import TextStream
+from rlvr.serve.types import GenRequest, NotReady, QueueFull, RequestHandle, TokenEvent
+
+
+@dataclass
+class Choice:
+    """One choice while its events arrive."""
+
+    index: int
+    prompt_ids: list[int]
+    handle: RequestHandle
+    text: TextStream
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str | None = None
+    versions: list[int] = field(default_factory=list)
+
+    def take(self, ev: TokenEvent) -> str:
+        """Record one event; the newly safe text."""
+        if ev.token_id is not None:
+            self.token_ids.append(ev.token_id)
+            self.logprobs.append(ev.logprob)
+        if ev.version not in self.versions:
+            self.versions.append(ev.version)
+        self.finish = ev.finish_reason or self.finish
+        return self.text.add(ev.token_id)
+
+
+@dataclass
+class Call:
+    """What both endpoints need from the server (``rlvr/serve/app.py`` builds it)."""
+
+    engine: object
+    tokenizer: object
+    model_name: str
+    metrics: object
+    http: Request
+    endpoint: str
+    started: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
+
+
+# -- building and submitting the choices ------------------------------------------------------------
+def _gen_request(call: Call, body, prompt_ids: list[int], i: int, max_tokens: int | None, prompt_param: str,
+                 prompt_logprobs: bool = False) -> GenRequest:
+    limit = call.engine.max_context
+    if len(prompt_ids) >= limit:
+        raise ApiError(400, f"the prompt has {len(prompt_ids)} tokens; the context is {limit}", param=prompt_param,
+                       code="context_length_exceeded")
+    if max_tokens is None:
+        max_tokens = limit - len(prompt_ids)
+    elif len(prompt_ids) + max_tokens > limit:
+        raise ApiError(400, f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds the context of "
+                            f"{limit} tokens", param="max_tokens", code="context_length_exceeded")
+    temperature = 1.0 if body.temperature is None else body.temperature
+    return GenRequest(prompt_ids=prompt_ids, max_tokens=max_tokens, temperature=temperature,
+                      top_p=1.0 if body.top_p is None else body.top_p,
+                      seed=None if body.seed is None else hash_seed(body.seed, i), stop=body.stop_strings(),
+                      logprobs=True, prompt_logprobs=prompt_logprobs, request_id=f"{call.endpoint}-{i}")
+
+
+def hash_seed(seed: int, i: int) -> int:
+    """Choice ``i``'s seed: a fixed function of (seed, i) (``request_generator`` hashes it again)."""
+    return seed * 1_000_003 + i
+
+
+def submit_all(engine, requests: list[GenRequest]) -> list[RequestHandle]:
+    """Submit every choice, or none: on a refusal the ones already in are cancelled."""
+    handles: list[RequestHandle] = []
+    try:
+        for r in requests:
+            handles.append(engine.submit(r))
+    except (QueueFull, NotReady, ValueError) as e:
+        for h in handles:
+            engine.cancel(h)
+        if isinstance(e, QueueFull):
+            raise ApiError(429, f"server busy: {e}", type="rate_limit_error", code="queue_full") from None
+        if isinstance(e, NotReady):
+            raise ApiError(503, str(e), type="server_error", code="not_ready") from None
+        raise ApiError(400, str(e), param="max_tokens") from None
+    return handles
+
+
+async def _events(call: Call, choices: list[Choice]) -> AsyncIterator[tuple[Choice, TokenEvent]]:
+    """Every choice's events as they come; cancels them all when the consumer stops early."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(c: Choice) -> None:
+        async for ev in c.handle:
+            await queue.put((c, ev))
+
+    tasks = [asyncio.create_task(pump(c)) for c in choices]
+    left = len(choices)
+    try:
+        while left:
+            c, ev = await queue.get()
+            if ev.token_id is not None and call.first_token is None:
+                call.first_token = time.monotonic()
+                call.metrics.ttft.observe(call.first_token - call.started)
+            left -= ev.finish_reason is not None
+            yield c, ev
+    finally:
+        for c in choices:
+            if c.finish is None:
+                call.engine.cancel(c.handle)
+        for t in tasks:
+            t.cancel()
+
+
+async def _collect(call: Call, choices: list[Choice]) -> None:
+    """Wait for every choice to finish; a client that disconnects cancels them."""
+    async def run() -> None:
+        async for c, ev in _events(call, choices):
+            c.take(ev)
+
+    task = asyncio.create_task(run())
+    while not task.done():
+        await asyncio.wait({task}, timeout=0.25)
+        if not task.done() and await call.http.is_disconnected():
+            task.cancel()
+            raise ApiError(499, "client disconnected", code="client_closed")
+    task.result()
+    if any(c.finish == "abort" for c in choices):
+        raise ApiError(503, "the server is shutting down", type="server_error", code="aborted")
+
+
+def _fingerprint(choices: list[Choice]) -> str:
+    versions = sorted({v for c in choices for v in c.versions})
+    return "rlvr-v" + "-v".join(map(str, versions)) if versions else "rlvr"
+
+
+def _usage(prompt_tokens: int, choices: list[Choice]) -> dict:
+    completion = sum(len(c.token_ids) for c in choices)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+
+
+def _count(call: Call, prompt_tokens: int, choices: list[Choice]) -> None:
+    """Tokens and latency of a request that completed (streamed or not)."""
+    call.metrics.latency.labels(call.endpoint).observe(time.monotonic() - call.started)
+    call.metrics.prompt_tokens.inc(prompt_tokens)
+    call.metrics.completion_tokens.inc(sum(len(c.token_ids) for c in choices))
+
+
+def _token_text(tokenizer, token_id: int) -> str:
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _sse(obj: dict | str) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
+
+
+def _stream(gen: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(gen, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+# -- chat ------------------------------------------------------------------------------------------
+async def chat_completion(call: Call, body: ChatCompletionRequest):
+    tools = body.tools if body.tool_choice != "none" else None
+    try:
+        prompt = encode_chat(call.tokenizer, body.messages, tools)
+    except BadField as e:
+        raise ApiError(400, str(e), param=e.param) from None
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    try:
+        reqs = [_gen_request(call, body, prompt, i, max_tokens, "messages") for i in range(body.n)]
+    except ApiError as e:
+        e.param = param if e.param == "max_tokens" else e.param
+        raise
+    hold = TOOL_MARKERS if tools else ()
+    choices = [Choice(i, prompt, h, TextStream(call.tokenizer, r.stop, hold))
+               for i, (r, h) in enumerate(zip(reqs, submit_all(call.engine, reqs)))]
+    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    head = {"id": rid, "created": created, "model": call.model_name}
+    if body.stream:
+        return _stream(_chat_chunks(call, body, choices, head, bool(tools)))
+    await _collect(call, choices)
+    _count(call, len(prompt), choices)
+    out = {**head, "object": "chat.completion", "system_fingerprint": _fingerprint(choices),
+           "choices": [_chat_choice(call, body, c, bool(tools)) for c in choices],
+           "usage": _usage(len(prompt), choices)}
+    if body.return_token_ids:
+        out["prompt_token_ids"] = prompt
+    return out
+
+
+def _chat_finish(c: Choice, calls: list) -> str:
+    return "tool_calls" if calls else c.finish
+
+
+def _chat_choice(call: Call, body: ChatCompletionRequest, c: Choice, tools: bool) -> dict:
+    text = c.text.text()
+    reply = parse_reply(text) if tools else None
+    message = {"role": "assistant", "content": reply.content if reply else text}
+    if reply and reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
+    out = {"index": c.index, "message": message, "finish_reason": _chat_finish(c, reply.tool_calls if reply else []),
+           "logprobs": {"content": _chat_logprobs(call, c.token_ids, c.logprobs)} if body.logprobs else None}
+    if body.return_token_ids:
+        out["token_ids"] = c.token_ids
+    return out
+
+
+def _chat_logprobs(call: Call, ids: list[int], lps: list[float]) -> list[dict]:
+    out = []
+    for t, lp in zip(ids, lps):
+        s = _token_text(call.tokenizer, t)
+        out.append({"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": []})
+    return out
+
+
+async def _chat_chunks(call: Call, body: ChatCompletionRequest, choices: list[Choice], head: dict,
+                       tools: bool) -> AsyncIterator[str]:
+    base = {**head, "object": "chat.completion.chunk"}
+
+    def chunk(c: Choice, delta: dict, finish=None, logprobs=None, **extra) -> str:
+        choice = {"index": c.index, "delta": delta, "finish_reason": finish, "logprobs": logprobs, **extra}
+        return _sse({**base, "system_fingerprint": _fingerprint([c]), "choices": [choice]})
+
+    for c in choices:
+        yield chunk(c, {"role": "assistant", "content": ""})
+    async for c, ev in _events(call, choices):
+        before = len(c.token_ids)
+        delta = c.take(ev)
+        lps = None
+        if body.logprobs and len(c.token_ids) > before:
+            lps = {"content": _chat_logprobs(call, c.token_ids[before:], c.logprobs[before:])}
+        ids = {"token_ids": c.token_ids[before:]} if body.return_token_ids else {}
+        if ev.finish_reason is None:
+            if delta or lps:
+                yield chunk(c, {"content": delta} if delta else {}, logprobs=lps, **ids)
+            continue
+        text = c.text.text()
+        reply = parse_reply(text) if tools else None
+        rest = (reply.content or "") if reply else text
+        delta += rest[c.text.sent:] if len(rest) > c.text.sent else ""
+        final: dict = {"content": delta} if delta else {}
+        if reply and reply.tool_calls:
+            final["tool_calls"] = [{"index": k, **tc} for k, tc in enumerate(reply.tool_calls)]
+        yield chunk(c, final, _chat_finish(c, reply.tool_calls if reply else []), lps, **ids)
+    _count(call, len(choices[0].prompt_ids), choices)
+    if body.stream_options and body.stream_options.include_usage:
+        yield _sse({**base, "choices": [], "usage": _usage(len(choices[0].prompt_ids), choices)})
+    if body.return_token_ids:
+        yield _sse({**base, "choices": [], "prompt_token_ids": choices[0].prompt_ids})
+    yield _sse("[DONE]")
+
+
+# -- completions -----------------------------------------------------------------------------------
+def _prompts(tokenizer, prompt) -> list[list[int]]:
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if all(isinstance(t, int) for t in prompt):
+        return [list(prompt)]
+    return [p if isinstance(p, list) else list(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompt]
+
+
+async def completion(call: Call, body: CompletionRequest):
+    prompts = _prompts(call.tokenizer, body.prompt)
+    vocab = len(call.tokenizer)
+    for k, p in enumerate(prompts):
+        if any(t < 0 or t >= vocab for t in p):
+            raise ApiError(400, f"token ids must be in [0, {vocab})", param="prompt")
+        if not p:
+            raise ApiError(400, "a prompt has no tokens", param="prompt")
+    want_lp = body.logprobs is not None
+    reqs = [_gen_request(call, body, p, k * body.n + i, body.max_tokens, "prompt", body.echo and want_lp)
+            for k, p in enumerate(prompts) for i in range(body.n)]
+    choices = [Choice(j, r.prompt_ids, h, TextStream(call.tokenizer, r.stop))
+               for j, (r, h) in enumerate(zip(reqs, submit_all(call.engine, reqs)))]
+    head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": call.model_name}
+    n_prompt = sum(len(p) for p in prompts)
+    if body.stream:
+        return _stream(_completion_chunks(call, body, choices, head, n_prompt))
+    await _collect(call, choices)
+    _count(call, n_prompt, choices)
+    return {**head, "object": "text_completion", "system_fingerprint": _fingerprint(choices),
+            "choices": [_completion_choice(call, body, c) for c in choices], "usage": _usage(n_prompt, choices)}
+
+
+def _completion_logprobs(call: Call, ids: list[int], lps: list, offset: int) -> dict:
+    tokens = [_token_text(call.tokenizer, t) for t in ids]
+    offsets, at = [], offset
+    for s in tokens:
+        offsets.append(at)
+        at += len(s)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": None, "text_offset": offsets}
+
+
+def _completion_choice(call: Call, body: CompletionRequest, c: Choice) -> dict:
+    text = c.text.text()
+    ids, lps = c.token_ids, list(c.logprobs)
+    if body.echo:
+        prompt_text = call.tokenizer.decode(c.prompt_ids, skip_special_tokens=False)
+        text = prompt_text + text
+        if c.handle.prompt_logprobs is not None:
+            ids, lps = c.prompt_ids + ids, [None, *c.handle.prompt_logprobs[1:]] + lps
+    out = {"index": c.index, "text": text, "finish_reason": c.finish,
+           "logprobs": _completion_logprobs(call, ids, lps, 0) if body.logprobs is not None else None}
+    if body.return_token_ids:
+        out["prompt_token_ids"], out["token_ids"] = c.prompt_ids, c.token_ids
+    return out
+
+
+async def _completion_chunks(call: Call, body: CompletionRequest, choices: list[Choice], head: dict,
+                             n_prompt: int) -> AsyncIterator[str]:
+    base = {**head, "object": "text_completion"}
+    async for c, ev in _events(call, choices):
+        before = len(c.token_ids)
+        delta = c.take(ev)
+        if ev.finish_reason is not None:
+            rest = c.text.text()
+            delta += rest[c.text.sent:] if len(rest) > c.text.sent else ""
+        new = c.token_ids[before:]
+        if not (delta or new or ev.finish_reason):
+            continue
+        choice = {"index": c.index, "text": delta, "finish_reason": ev.finish_reason,
+                  "logprobs": _completion_logprobs(call, new, c.logprobs[before:], 0) if body.logprobs is not None else None}
+        if body.return_token_ids:
+            choice["token_ids"] = new
+            if before == 0:
+                choice["prompt_token_ids"] = c.prompt_ids
+        yield _sse({**base, "choices": [choice]})
+    _count(call, n_prompt, choices)
+    if body.stream_options and body.stream_options.include_usage:
+        yield _sse({**base, "choices": [], "usage": _usage(n_prompt, choices)})
+    yield _sse("[DONE]")

@@ -1,0 +1,386 @@
+"""``rlvr serve``: real server processes on loopback ports, driven by the official ``openai`` client.
+
+The served model is the tiny test model fitted for a second (a plain torch loop) to answer one
+question with a tool call, so that chat, streaming and tool calls have a known greedy output.
+A second server runs ``--batching none --max-waiting 1``: the one-at-a-time reference for the
+equivalence test, and the queue that overflows (429).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather of a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+QUESTION = [{"role": "user", "content": "weather in Paris?"}]
+REPLY = 'Ok. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+ADMIN = "test-admin-token"
+
+
+def _fit_tool_model(src: str, dst: Path) -> None:
+    """The tiny model, fitted to answer QUESTION (with TOOLS) by REPLY."""
+    from rlvr.model.checkpoint import save_model_dir
+    from rlvr.model.load import load_model_and_tokenizer
+    from rlvr.model.tokenizer import encode_chat_prompt, encode_completion
+
+    model, tok = load_model_and_tokenizer(src)
+    prompt = encode_chat_prompt(tok, QUESTION, TOOLS)
+    ids = torch.tensor([prompt + encode_completion(tok, REPLY)])
+    labels = ids.clone()
+    labels[0, :len(prompt)] = -100
+    torch.manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # ~2 s; several times that with threads contending for 2 busy cores
+    try:
+        for _ in range(100):
+            loss = model(input_ids=ids, labels=labels).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    assert loss.item() < 0.05
+    save_model_dir(dst, model.eval(), tok)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, model_dir: str, *flags: str):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # one torch thread each: two servers and the test process share the CPU cores
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "RLVR_ADMIN_TOKEN": ADMIN, "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "rlvr.serve.cli", "--model", model_dir, "--port",
+                                      str(self.port), "--model-name", "tiny", "--device", "cpu", *flags],
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.proc.stdout.read()}")
+            try:
+                if http(self.url + "/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError("server not ready")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def http(url: str, body: dict | None = None, headers: dict | None = None) -> tuple[int, dict | str]:
+    """(status, JSON body) of a GET, or of a POST of ``body``."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            text = r.read().decode()
+            status = r.status
+    except urllib.error.HTTPError as e:
+        text, status = e.read().decode(), e.code
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+@pytest.fixture(scope="module")
+def dirs(tiny_model_dir, tmp_path_factory):
+    tool_dir = tmp_path_factory.mktemp("serve") / "tool-model"
+    _fit_tool_model(tiny_model_dir, tool_dir)
+    return {"tool": str(tool_dir), "random": tiny_model_dir}
+
+
+@pytest.fixture(scope="module")
+def servers(dirs):
+    main = Server(dirs["tool"], "--max-batch", "4", "--max-waiting", "16")
+    single = Server(dirs["tool"], "--batching", "none", "--max-waiting", "1")
+    try:
+        main.wait_ready()
+        single.wait_ready()
+        yield main, single
+    finally:
+        main.stop()
+        single.stop()
+
+
+@pytest.fixture(scope="module")
+def server(servers):
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def model_and_tok(dirs):
+    from rlvr.model.load import load_model_and_tokenizer
+
+    return load_model_and_tokenizer(dirs["tool"])
+
+
+def test_chat_and_tool_call(server):
+    r = server.client.chat.completions.create(model="tiny", messages=QUESTION, tools=TOOLS, temperature=0,
+                                              max_tokens=90)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Ok. "
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert r.usage.completion_tokens > 0 and r.system_fingerprint == "rlvr-v0"
+    # without tools (tool_choice none) the same reply is plain text with the tags
+    plain = server.client.chat.completions.create(model="tiny", messages=QUESTION, temperature=0, max_tokens=20)
+    assert plain.choices[0].message.tool_calls is None
+
+
+def test_streaming_matches_non_streamed(server):
+    kw = {"model": "tiny", "messages": QUESTION, "temperature": 0, "max_tokens": 30}
+    whole = server.client.chat.completions.create(**kw).choices[0].message.content
+    chunks = list(server.client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole and len([c for c in chunks if c.choices]) > 3
+    assert chunks[-1].usage.completion_tokens > 0
+    # with tools: the content streams, the call comes whole in the last chunk
+    chunks = list(server.client.chat.completions.create(**{**kw, "max_tokens": 90}, tools=TOOLS, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Ok. "
+    last = chunks[-1].choices[0]
+    assert last.finish_reason == "tool_calls" and last.delta.tool_calls[0].function.name == "get_weather"
+
+
+def test_tool_history_renders_as_tool_call_text(server, model_and_tok):
+    from rlvr.model.tokenizer import encode_chat_prompt
+
+    _, tok = model_and_tok
+    messages = [*QUESTION, {"role": "assistant", "content": "Ok. ", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    r = server.client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, max_tokens=2,
+                                              extra_body={"return_token_ids": True})
+    expected = encode_chat_prompt(tok, [*QUESTION, {"role": "assistant", "content": REPLY},
+                                        {"role": "tool", "name": "get_weather", "content": "sunny"}], TOOLS)
+    assert r.model_extra["prompt_token_ids"] == expected
+    assert len(r.choices[0].model_extra["token_ids"]) == 2
+
+
+def test_n_seed_and_stop(server):
+    kw = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 12, "temperature": 1.0}
+    a = server.client.chat.completions.create(**kw, n=3, seed=7)
+    b = server.client.chat.completions.create(**kw, n=3, seed=7)
+    c = server.client.chat.completions.create(**kw, n=3, seed=8)
+    texts = [x.message.content for x in a.choices]
+    assert [x.index for x in a.choices] == [0, 1, 2] and len(set(texts)) > 1
+    assert texts == [x.message.content for x in b.choices] != [x.message.content for x in c.choices]
+    r = server.client.chat.completions.create(model="tiny", messages=QUESTION, tools=TOOLS, temperature=0,
+                                              max_tokens=90, stop=["get_weather"])
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == 'Ok. <tool_call>{"name": "'
+
+
+def test_completions_token_ids_and_logprobs(server, model_and_tok):
+    from rlvr.model.logprobs import sequence_logprobs
+
+    model, _ = model_and_tok
+    prompt = [5, 40, 41, 42, 17, 60]
+    r = server.client.completions.create(model="tiny", prompt=[prompt, prompt[:3]], max_tokens=8, logprobs=0,
+                                         temperature=1.0, seed=1, extra_body={"return_token_ids": True})
+    assert len(r.choices) == 2
+    for choice, p in zip(r.choices, [prompt, prompt[:3]]):
+        ids = choice.model_extra["token_ids"]
+        assert choice.model_extra["prompt_token_ids"] == p and len(ids) == 8
+        full = torch.tensor([p + ids])
+        with torch.no_grad():
+            ref = sequence_logprobs(model, full, torch.ones_like(full))[0, len(p):]
+        assert torch.allclose(torch.tensor(choice.logprobs.token_logprobs), ref, atol=1e-4)
+    # echo: the prompt's log-probs, as the training forward gives them (the weight canary)
+    e = server.client.completions.create(model="tiny", prompt=prompt, max_tokens=0, echo=True, logprobs=0)
+    lps = e.choices[0].logprobs.token_logprobs
+    full = torch.tensor([prompt])
+    with torch.no_grad():
+        ref = sequence_logprobs(model, full, torch.ones_like(full))[0, 1:]
+    assert lps[0] is None and torch.allclose(torch.tensor(lps[1:]), ref, atol=1e-4)
+    # streaming completions reassemble to the same text
+    kw = {"model": "tiny", "prompt": "1+2=", "max_tokens": 10, "temperature": 0}
+    whole = server.client.completions.create(**kw).choices[0].text
+    assert "".join(c.choices[0].text for c in server.client.completions.create(**kw, stream=True)) == whole
+
+
+def test_models_health_metrics(server):
+    models = server.client.models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+    status, body = http(server.url + "/health")
+    assert status == 200 and body["status"] == "ok"
+    _, text = http(server.url + "/metrics")
+    for name in ("rlvr_serve_requests_total", "rlvr_serve_completion_tokens_total", "rlvr_serve_running",
+                 "rlvr_serve_waiting", "rlvr_serve_prefix_cache_hits_total", "rlvr_serve_request_latency_seconds"):
+        assert name in text
+    before = _metric(text, "rlvr_serve_completion_tokens_total")
+    server.client.completions.create(model="tiny", prompt="1", max_tokens=3, temperature=0)
+    _, text = http(server.url + "/metrics")
+    assert _metric(text, "rlvr_serve_completion_tokens_total") == before + 3
+    assert 'endpoint="/v1/completions",status="200"' in text
+
+
+def _metric(text: str, name: str) -> float:
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"model": "tiny"}, "messages"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}, {"role": "robot", "content": "y"}]},
+     "messages[1].role"),
+    ({"model": "tiny", "messages": QUESTION, "temperature": -0.5}, "temperature"),
+    ({"model": "tiny", "messages": QUESTION, "n": 0}, "n"),
+    ({"model": "tiny", "messages": QUESTION, "max_tokens": 100000}, "max_tokens"),
+    ({"model": "tiny", "messages": QUESTION, "stop": 5}, "stop"),
+    ({"model": "tiny", "messages": [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]},
+     "messages[0].tool_calls[0].function.arguments"),
+])
+def test_malformed_requests_name_the_field(server, body, param):
+    status, out = http(server.url + "/v1/chat/completions", body)
+    assert status == 400 and out["error"]["param"] == param, out
+    assert out["error"]["type"] == "invalid_request_error" and out["error"]["message"]
+
+
+def test_unknown_model_bad_json_and_openai_client_errors(server):
+    with pytest.raises(openai.NotFoundError) as e:
+        server.client.chat.completions.create(model="other", messages=QUESTION)
+    assert e.value.body["param"] == "model"
+    req = urllib.request.Request(server.url + "/v1/completions", data=b"{not json",
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 400
+    with pytest.raises(openai.BadRequestError) as e:
+        server.client.completions.create(model="tiny", prompt=[[1, 2, 99999]], max_tokens=1)
+    assert e.value.body["param"] == "prompt"
+
+
+def test_continuous_batching_equals_one_at_a_time(servers):
+    main, single = servers
+    prompts = ["1+2=", "what is 3*4? ", "the answer is", "9", "12+30=", "hello there"]
+    lengths = [30, 12, 25, 40, 8, 20]
+
+    def ids(server, i):
+        r = server.client.completions.create(model="tiny", prompt=prompts[i], max_tokens=lengths[i], temperature=0,
+                                             extra_body={"return_token_ids": True})
+        return r.choices[0].model_extra["token_ids"]
+
+    out: dict[int, list[int]] = {}
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, ids(main, i))) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+        time.sleep(0.01)  # staggered: requests join a batch already decoding
+    for t in threads:
+        t.join(60)
+    _, text = http(main.url + "/metrics")
+    assert _metric(text, "rlvr_serve_steps_total") < _metric(text, "rlvr_serve_generated_tokens_total")
+    assert [out[i] for i in range(len(prompts))] == [ids(single, i) for i in range(len(prompts))]
+
+
+def test_queue_full_is_429_not_a_hang(servers):
+    _, single = servers
+    codes: list[int] = []
+
+    def one():
+        status, _ = http(single.url + "/v1/completions", {"model": "tiny", "prompt": "1", "max_tokens": 120,
+                                                          "temperature": 0})
+        codes.append(status)
+
+    threads = [threading.Thread(target=one) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(codes) == 6 and 429 in codes and 200 in codes and set(codes) <= {200, 429}
+
+
+def test_client_disconnect_cancels(server):
+    stream = server.client.completions.create(model="tiny", prompt="1", max_tokens=200, temperature=0, stream=True)
+    next(iter(stream))
+    stream.close()
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        _, text = http(server.url + "/metrics")
+        if _metric(text, "rlvr_serve_running") == 0:
+            break
+        time.sleep(0.05)
+    assert _metric(text, "rlvr_serve_running") == 0
+
+
+def test_weight_update_auth_and_version(server, dirs):
+    url = server.url + "/v1/weights"
+    assert http(url, {"path": dirs["random"]})[0] == 401
+    assert http(url, {"path": dirs["random"]}, {"Authorization": "Bearer wrong"})[0] == 403
+    status, out = http(url, {"path": "/nonexistent"}, {"Authorization": f"Bearer {ADMIN}"})
+    assert status == 400 and out["error"]["param"] == "path"
+    kw = {"model": "tiny", "messages": QUESTION, "temperature": 0, "max_tokens": 20}
+    before = server.client.chat.completions.create(**kw).choices[0].message.content
+    status, out = http(url, {"path": dirs["random"]}, {"Authorization": f"Bearer {ADMIN}"})
+    assert status == 200 and out["version"] == 1
+    after = server.client.chat.completions.create(**kw)
+    assert after.choices[0].message.content != before and after.system_fingerprint == "rlvr-v1"
+    assert server.client.models.list().data[0].model_extra["version"] == 1
+    status, out = http(url, {"path": dirs["tool"]}, {"Authorization": f"Bearer {ADMIN}"})
+    assert out["version"] == 2
+    assert server.client.chat.completions.create(**kw).choices[0].message.content == before
+
+
+def test_health_is_503_while_loading():
+    from fastapi.testclient import TestClient
+
+    from rlvr.serve.app import create_app
+
+    gate = threading.Event()
+
+    def load():
+        gate.wait(10)
+        raise RuntimeError("no model here")
+
+    app = create_app(load, model_name="m")
+    with TestClient(app) as client:
+        r = client.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "loading"
+        assert client.post("/v1/completions", json={"model": "m", "prompt": "x"}).status_code == 503
+        gate.set()
+        time.sleep(0.2)
+        r = client.get("/health")
+        assert r.status_code == 503 and "no model here" in r.json()["error"]
+
+
+def test_non_loopback_host_needs_an_api_key(monkeypatch):
+    from rlvr.errors import ConfigError
+    from rlvr.serve.config import ServeConfig
+
+    monkeypatch.delenv("RLVR_API_KEY", raising=False)
+    with pytest.raises(ConfigError, match="--api-key"):
+        ServeConfig(model="m", host="0.0.0.0")
+    assert ServeConfig(model="m", host="0.0.0.0", api_key="k").api_key == "k"
