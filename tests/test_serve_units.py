@@ -1,0 +1,170 @@
+"""``rlvr serve`` in process: the continuous batcher against the rollout engine (other families,
+GQA, a cache that fills and shifts), and the pure pieces (per-row sampling, text streaming,
+tool-call parsing, error field paths)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from rlvr.errors import UserError
+from rlvr.rollout.engine import SamplingParams, generate
+from rlvr.serve.batcher import Batcher
+from rlvr.serve.types import GenRequest
+from test_architectures import build
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from rlvr.model.tokenizer import train_tokenizer
+    from rlvr.tasks.base import DOMAINS
+
+    docs = DOMAINS.get("math.arith").corpus(0, 100) + DOMAINS.get("math.word").corpus(0, 100)
+    return train_tokenizer(docs, vocab_size=320)
+
+
+PROMPTS = [[5, 40, 41, 42], [7, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59], [9], [11, 12, 13, 14, 15, 16]]
+LENGTHS = [30, 12, 40, 20]
+
+
+def _batched(engine: Batcher, gap: float = 0.002) -> list[list[int]]:
+    """The prompts' greedy tokens, submitted a little apart (they join a batch already decoding)."""
+    handles = []
+    for p, n in zip(PROMPTS, LENGTHS):
+        handles.append(engine.submit(GenRequest(p, n, temperature=0, stop_token_ids=())))
+        time.sleep(gap)
+    return [[e.token_id for e in h.iter_sync(timeout=30)] for h in handles]
+
+
+def _reference(model, tokenizer, backend: str = "auto") -> list[list[int]]:
+    """The rollout engine's greedy tokens for the prompts, each cut to its length."""
+    out = generate(model, PROMPTS, SamplingParams(max_new_tokens=max(LENGTHS), temperature=0, stop_token_ids=()),
+                   pad_token_id=tokenizer.pad_token_id, backend=backend)
+    return [c.token_ids[:n] for c, n in zip(out, LENGTHS)]
+
+
+def test_continuous_batching_matches_the_engine(tokenizer):
+    """Rows joining and leaving (and, with a 48-token cache, shifting left) give each request the
+    greedy tokens the rollout engine gives it (Qwen3: grouped-query attention and q/k norms)."""
+    model = build("qwen3", tokenizer)
+    ref = _reference(model, tokenizer)
+    for context in (256, 48):
+        engine = Batcher(model, tokenizer, max_batch=3, max_context=context)
+        try:
+            assert _batched(engine) == ref
+            assert engine.stats()["steps"] < sum(LENGTHS)  # rows did share steps
+        finally:
+            engine.close()
+
+
+def test_a_model_the_fast_decoder_refuses_runs_one_at_a_time(tokenizer):
+    model = build("gemma2", tokenizer)
+    with pytest.raises(UserError, match="--batching none"):
+        Batcher(model, tokenizer, batching="continuous")
+    engine = Batcher(model, tokenizer, batching="none", max_context=64)
+    try:
+        assert engine.backend == "hf"
+        assert _batched(engine) == _reference(model, tokenizer, "hf")
+    finally:
+        engine.close()
+
+
+def test_seeded_request_ignores_its_batch_and_weights_swap(tokenizer, tmp_path):
+    from rlvr.model.checkpoint import save_model_dir
+
+    model = build("llama", tokenizer)
+    engine = Batcher(model, tokenizer, max_batch=4)
+
+    def run(others: int, seed: int) -> list[int]:
+        extra = [engine.submit(GenRequest(PROMPTS[1], 20, temperature=1.0, stop_token_ids=())) for _ in range(others)]
+        h = engine.submit(GenRequest(PROMPTS[0], 20, temperature=0.8, top_p=0.9, seed=seed, stop_token_ids=()))
+        out = [e.token_id for e in h.iter_sync(timeout=30)]
+        for x in extra:
+            list(x.iter_sync(timeout=30))
+        return out
+
+    try:
+        alone = run(0, 3)
+        assert run(3, 3) == alone and run(0, 4) != alone
+        other = build("llama", tokenizer)
+        with torch.no_grad():
+            for p in other.parameters():
+                p.mul_(1.5)
+        save_model_dir(tmp_path / "other", other, tokenizer)
+        assert engine.load_weights(str(tmp_path / "other")) == 1
+        h = engine.submit(GenRequest(PROMPTS[0], 5, temperature=0, stop_token_ids=()))
+        events = list(h.iter_sync(timeout=30))
+        ref = generate(other, [PROMPTS[0]], SamplingParams(max_new_tokens=5, temperature=0, stop_token_ids=()),
+                       pad_token_id=tokenizer.pad_token_id)[0].token_ids
+        assert [e.token_id for e in events] == ref and {e.version for e in events} == {1}
+        save_model_dir(tmp_path / "wrong", build("llama", tokenizer, head_dim=4), tokenizer)
+        with pytest.raises(ValueError, match="shape"):
+            engine.load_weights(str(tmp_path / "wrong"))
+    finally:
+        engine.close()
+
+
+def test_queue_bound_cancel_and_context_limit(tokenizer):
+    from rlvr.serve.types import QueueFull
+
+    engine = Batcher(build("llama", tokenizer), tokenizer, max_batch=1, max_waiting=1, max_context=64)
+    try:
+        with pytest.raises(ValueError, match="max_tokens"):
+            engine.submit(GenRequest(PROMPTS[0], 61))
+        running = engine.submit(GenRequest(PROMPTS[0], 60, temperature=0, stop_token_ids=()))
+        time.sleep(0.05)
+        waiting = engine.submit(GenRequest(PROMPTS[0], 60, stop_token_ids=()))
+        with pytest.raises(QueueFull):
+            engine.submit(GenRequest(PROMPTS[0], 60))
+        engine.cancel(running)
+        engine.cancel(waiting)
+        assert [e for e in running.iter_sync(timeout=10)][-1].finish_reason == "abort"
+        assert [e.finish_reason for e in waiting.iter_sync(timeout=10)][-1] == "abort"
+    finally:
+        engine.close()
+
+
+def test_sample_rows_uses_each_rows_own_stream():
+    from rlvr.serve.sampling import request_generator, sample_rows
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    a, lp = sample_rows(logits, [0.0, 1.0, 0.7], [1.0, 1.0, 0.5], [request_generator(i) for i in range(3)])
+    b, _ = sample_rows(logits[2:], [0.7], [0.5], [request_generator(2)])
+    assert a[0] == logits[0].argmax() and a[2] == b[0]
+    assert torch.allclose(lp, logits.log_softmax(-1).gather(-1, a[:, None]).squeeze(-1))
+
+
+def test_text_stream_holds_back_stop_strings_and_tool_calls(tokenizer):
+    from rlvr.serve.text import TextStream
+
+    ids = tokenizer("abc STOP def", add_special_tokens=False)["input_ids"]
+    s = TextStream(tokenizer, stop=("STOP",))
+    sent = "".join(s.add(t) for t in ids)
+    assert sent == "abc " and s.text() == "abc "
+    ids = tokenizer('Hi <tool_call>{"name": "f"}</tool_call>', add_special_tokens=False)["input_ids"]
+    s = TextStream(tokenizer, hold=("<tool_call>",))
+    assert "".join(s.add(t) for t in ids) == "Hi "
+
+
+def test_parse_reply_maps_tool_calls():
+    import json
+
+    from rlvr.serve.chat import parse_reply
+
+    r = parse_reply('Sure. <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>')
+    assert r.content == "Sure. " and r.tool_calls[0]["function"] == {"name": "f", "arguments": json.dumps({"x": 1})}
+    assert r.tool_calls[0]["id"].startswith("call_") and r.tool_calls[0]["type"] == "function"
+    assert parse_reply('<tool_call>{"name": "f"}</tool_call>').content is None
+    bad = parse_reply("<tool_call>{oops}</tool_call>")
+    assert bad.tool_calls == [] and bad.content == "<tool_call>{oops}</tool_call>"
+
+
+def test_field_path():
+    from rlvr.serve.errors import field_path
+
+    assert field_path(("body", "messages", 1, "role")) == "messages[1].role"
+    assert field_path(("body", "stop", "list[str]", 0)) == "stop[0]"
+    assert field_path(("body",)) is None
