@@ -8,12 +8,12 @@ import time
 
 import pytest
 import torch
+from test_architectures import build
 
 from rlvr.errors import UserError
 from rlvr.rollout.engine import SamplingParams, generate
 from rlvr.serve.batcher import Batcher
 from rlvr.serve.types import GenRequest
-from test_architectures import build
 
 
 @pytest.fixture(scope="module")
