@@ -168,3 +168,22 @@ def test_field_path():
     assert field_path(("body", "messages", 1, "role")) == "messages[1].role"
     assert field_path(("body", "stop", "list[str]", 0)) == "stop[0]"
     assert field_path(("body",)) is None
+
+
+def test_api_key_guards_the_v1_endpoints(tokenizer):
+    from fastapi.testclient import TestClient
+
+    from rlvr.serve.app import create_app
+
+    model = build("llama", tokenizer)
+    app = create_app(lambda: (Batcher(model, tokenizer, max_context=64), tokenizer), model_name="m", api_key="k")
+    with TestClient(app) as client:
+        for _ in range(100):
+            if client.get("/health").status_code == 200:
+                break
+            time.sleep(0.05)
+        body = {"model": "m", "prompt": [5, 6], "max_tokens": 2}
+        assert client.post("/v1/completions", json=body).status_code == 401
+        assert client.get("/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
+        r = client.post("/v1/completions", json=body, headers={"Authorization": "Bearer k"})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2

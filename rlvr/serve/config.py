@@ -48,7 +48,7 @@ class ServeConfig:
     admin_token: str = ""
     """Bearer token of POST /v1/weights (default: env RLVR_ADMIN_TOKEN); empty: weight updates off."""
     api_key: str = ""
-    """Bearer key every /v1 request must send (default: env RLVR_API_KEY); empty: none needed."""
+    """Bearer key of the generation endpoints and /v1/models (default: env RLVR_API_KEY); empty: none needed."""
     seed: int = 0
     """Seed of the streams of requests that send no seed."""
 
