@@ -187,3 +187,16 @@ def test_api_key_guards_the_v1_endpoints(tokenizer):
         assert client.get("/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
         r = client.post("/v1/completions", json=body, headers={"Authorization": "Bearer k"})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
+def test_a_failed_step_aborts_its_requests_and_the_server_goes_on(tokenizer, monkeypatch):
+    engine = Batcher(build("llama", tokenizer), tokenizer, max_batch=2, max_context=64)
+    try:
+        monkeypatch.setattr(engine.rows, "step", lambda tokens: (_ for _ in ()).throw(RuntimeError("boom")))
+        h = engine.submit(GenRequest(PROMPTS[0], 10, temperature=0, stop_token_ids=()))
+        assert [e.finish_reason for e in h.iter_sync(timeout=10)][-1] == "abort"
+        assert engine.rows.n == 0
+        h = engine.submit(GenRequest(PROMPTS[0], 10, temperature=0, stop_token_ids=()))
+        assert len([e.token_id for e in h.iter_sync(timeout=10)]) == 10  # a fresh batch after the failure
+    finally:
+        engine.close()

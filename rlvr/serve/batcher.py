@@ -34,6 +34,7 @@ rows by one forward).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -50,6 +51,8 @@ from rlvr.rollout.engine import model_stop_ids
 from rlvr.serve.rows import FastRows, HFRows
 from rlvr.serve.sampling import request_generator, sample_rows
 from rlvr.serve.types import GenRequest, NotReady, QueueFull, RequestHandle, TokenEvent
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -175,14 +178,32 @@ class Batcher:
                     updates = list(self._updates)
                     self._updates.clear()
                     admit = self._take_admissions()
-                for params, done in updates:
-                    self._swap(params, done)
-                self._drop_cancelled()
-                for handle in admit:
-                    self._admit(handle)
-                if self._running:
-                    self._step()
+                try:
+                    self._turn(updates, admit)
+                except Exception:  # noqa: BLE001 - one failed step must not stop the server
+                    self._recover(admit)
         self._abort_all()
+
+    def _turn(self, updates: list[tuple[dict, Future]], admit: list[RequestHandle]) -> None:
+        """One turn between decode steps (the module docstring's steps 1-4)."""
+        for params, done in updates:
+            self._swap(params, done)
+        self._drop_cancelled()
+        for handle in admit:
+            self._admit(handle)
+        if self._running:
+            self._step()
+
+    def _recover(self, admit: list[RequestHandle]) -> None:
+        """After an error in a turn (out of memory, say): log it, end the running and just admitted
+        requests with ``"abort"`` (the HTTP layer answers 503) and start from an empty batch."""
+        log.exception("rlvr serve: a decode turn failed; its requests are aborted")
+        failed = [*admit, *(r.handle for r in self._running)]
+        with self._lock:
+            self._running = []
+        self.rows = self._new_rows()
+        for handle in failed:
+            handle.put(TokenEvent(None, None, "abort", self._version))
 
     def _take_admissions(self) -> list[RequestHandle]:
         """Waiting requests that fit in the free rows (under the lock); cancelled ones end here."""

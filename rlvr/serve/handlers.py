@@ -146,7 +146,8 @@ async def _collect(call: Call, choices: list[Choice]) -> None:
             raise ApiError(499, "client disconnected", code="client_closed")
     task.result()
     if any(c.finish == "abort" for c in choices):
-        raise ApiError(503, "the server is shutting down", type="server_error", code="aborted")
+        raise ApiError(503, "generation was aborted: the server is shutting down or a decode step failed",
+                       type="server_error", code="aborted")
 
 
 def _fingerprint(choices: list[Choice]) -> str:
