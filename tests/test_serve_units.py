@@ -171,6 +171,8 @@ def test_field_path():
 
 
 def test_api_key_guards_the_v1_endpoints(tokenizer):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("httpx")  # (the test client's)
     from fastapi.testclient import TestClient
 
     from rlvr.serve.app import create_app
