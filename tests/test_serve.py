@@ -226,6 +226,16 @@ def test_completions_token_ids_and_logprobs(server, model_and_tok):
     with torch.no_grad():
         ref = sequence_logprobs(model, full, torch.ones_like(full))[0, 1:]
     assert lps[0] is None and torch.allclose(torch.tensor(lps[1:]), ref, atol=1e-4)
+    # ignore_eos: exactly max_tokens, EOS or not; stop_token_ids: stops on the first of them
+    fixed = server.client.completions.create(model="tiny", prompt=prompt, max_tokens=30, temperature=1.0, seed=2,
+                                             extra_body={"ignore_eos": True, "return_token_ids": True})
+    ids = fixed.choices[0].model_extra["token_ids"]
+    assert len(ids) == 30 and fixed.choices[0].finish_reason == "length"
+    cut = server.client.completions.create(model="tiny", prompt=prompt, max_tokens=30, temperature=1.0, seed=2,
+                                           extra_body={"ignore_eos": True, "stop_token_ids": [ids[4]],
+                                                       "return_token_ids": True})
+    assert cut.choices[0].model_extra["token_ids"] == ids[:ids.index(ids[4]) + 1]
+    assert cut.choices[0].finish_reason == "stop"
     # streaming completions reassemble to the same text
     kw = {"model": "tiny", "prompt": "1+2=", "max_tokens": 10, "temperature": 0}
     whole = server.client.completions.create(**kw).choices[0].text

@@ -81,7 +81,17 @@ def _gen_request(call: Call, body, prompt_ids: list[int], i: int, max_tokens: in
     return GenRequest(prompt_ids=prompt_ids, max_tokens=max_tokens, temperature=temperature,
                       top_p=1.0 if body.top_p is None else body.top_p,
                       seed=None if body.seed is None else hash_seed(body.seed, i), stop=body.stop_strings(),
+                      stop_token_ids=_stop_ids(call.tokenizer, body),
                       logprobs=True, prompt_logprobs=prompt_logprobs, request_id=f"{call.endpoint}-{i}")
+
+
+def _stop_ids(tokenizer, body) -> tuple[int, ...] | None:
+    """None (the engine stops on the model's EOS ids) unless ``ignore_eos`` or ``stop_token_ids``
+    is sent: then those ids, plus the tokenizer's EOS without ``ignore_eos``."""
+    if not body.ignore_eos and not body.stop_token_ids:
+        return None
+    eos = () if body.ignore_eos or tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
+    return (*eos, *(body.stop_token_ids or ()))
 
 
 def hash_seed(seed: int, i: int) -> int:

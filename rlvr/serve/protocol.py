@@ -10,6 +10,8 @@ rlvr extensions (send them in the JSON body; with the ``openai`` client, ``extra
 - ``return_token_ids: true``: the response carries the prompt's token ids (``prompt_token_ids``:
   on the response for chat, on each choice for completions) and each choice's generated ids
   (``token_ids``), as vLLM names them.
+- ``ignore_eos: true``: generation does not stop on the EOS token (fixed-length outputs for a
+  load test); ``stop_token_ids: [...]``: stop on these ids too (vLLM's names).
 - ``echo: true`` with ``logprobs: 0`` on ``/v1/completions`` (``max_tokens: 0`` allowed) returns
   the prompt tokens' log-probs too (the first token's is null, as OpenAI's).
 """
@@ -84,6 +86,8 @@ class _Sampling(_Body):
     stream_options: StreamOptions | None = None
     user: str | None = None
     return_token_ids: bool = False
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
 
     @field_validator("stop")
     @classmethod
