@@ -57,6 +57,16 @@ def test_continuous_batching_matches_the_engine(tokenizer):
             assert engine.stats()["steps"] < sum(LENGTHS)  # rows did share steps
         finally:
             engine.close()
+    # admitted together, repeated prompts among them: one prefill, each distinct prompt once
+    engine = Batcher(model, tokenizer, max_batch=8, max_context=64)
+    try:
+        with engine._lock:  # (held: all six wait, then join in one turn)
+            handles = [engine.submit(GenRequest(p, n, temperature=0, stop_token_ids=()))
+                       for p, n in [*zip(PROMPTS, LENGTHS), *zip(PROMPTS[:2], LENGTHS[:2])]]
+        out = [[e.token_id for e in h.iter_sync(timeout=30)] for h in handles]
+        assert out == [*ref, *ref[:2]] and engine.stats()["steps"] == max(LENGTHS) - 1
+    finally:
+        engine.close()
 
 
 def test_a_model_the_fast_decoder_refuses_runs_one_at_a_time(tokenizer):

@@ -4,8 +4,9 @@ One scheduler thread owns the model. Each turn of its loop, between two decode s
 
 1. a pending weight update is applied (``load_weights``; see below);
 2. cancelled requests leave (their handle gets ``finish_reason="abort"``);
-3. waiting requests are admitted while there is a free row: each is prefilled alone and joins
-   the running batch (``rlvr/serve/rows.py``), and its first token is sampled from the prefill;
+3. waiting requests are admitted while there is a free row: they are prefilled together (a
+   prompt shared by several requests, the ``n`` choices of one, once) and join the running batch
+   (``rlvr/serve/rows.py``); their first tokens are sampled from the prefill;
 4. one decode step runs for every running row; each row's token is sampled with its request's
    own settings and stream (``rlvr/serve/sampling.py``) and delivered; rows that finished
    (stop token, stop string, ``max_tokens``) leave the batch.
@@ -189,8 +190,8 @@ class Batcher:
         for params, done in updates:
             self._swap(params, done)
         self._drop_cancelled()
-        for handle in admit:
-            self._admit(handle)
+        if admit:
+            self._admit(admit)
         if self._running:
             self._step()
 
@@ -238,22 +239,27 @@ class Batcher:
                     r.handle.put(TokenEvent(None, None, "abort", self._version))
             self._remove(keep)
 
-    def _admit(self, handle: RequestHandle) -> None:
-        req = handle.request
-        self._arrivals += 1
-        self.counters["admitted"] += 1
-        key = ("seed", req.seed) if req.seed is not None else ("engine", self.seed, self._arrivals)
-        stop = frozenset(req.stop_token_ids if req.stop_token_ids is not None else self.stop_ids)
-        row = _Running(handle, request_generator(*key), stop)
-        if req.prompt_logprobs:
-            ids = torch.tensor([req.prompt_ids], device=self._device())
-            handle.prompt_logprobs = sequence_logprobs(self.model, ids, torch.ones_like(ids))[0].tolist()
-        if req.max_tokens == 0:
-            handle.put(TokenEvent(None, None, "length", self._version))
-            return
-        logits = self.rows.join(list(req.prompt_ids))
-        self._running.append(row)
-        self._deliver(logits[None])
+    def _admit(self, handles: list[RequestHandle]) -> None:
+        """Start ``handles``: one prefill for all of them (each distinct prompt once), their rows
+        joined to the batch and their first tokens sampled."""
+        rows = []
+        for handle in handles:
+            req = handle.request
+            self._arrivals += 1
+            self.counters["admitted"] += 1
+            key = ("seed", req.seed) if req.seed is not None else ("engine", self.seed, self._arrivals)
+            stop = frozenset(req.stop_token_ids if req.stop_token_ids is not None else self.stop_ids)
+            if req.prompt_logprobs:
+                ids = torch.tensor([req.prompt_ids], device=self._device())
+                handle.prompt_logprobs = sequence_logprobs(self.model, ids, torch.ones_like(ids))[0].tolist()
+            if req.max_tokens == 0:
+                handle.put(TokenEvent(None, None, "length", self._version))
+            else:
+                rows.append(_Running(handle, request_generator(*key), stop))
+        if rows:
+            logits = self.rows.join([list(r.handle.request.prompt_ids) for r in rows])
+            self._running.extend(rows)
+            self._deliver(logits)
 
     def _step(self) -> None:
         tokens = torch.tensor([r.next_token for r in self._running], dtype=torch.long, device=self._device())
@@ -268,17 +274,22 @@ class Batcher:
         tokens, logprobs = sample_rows(logits, [q.temperature for q in reqs], [q.top_p for q in reqs],
                                        [r.generator for r in rows])
         offset = len(self._running) - len(rows)
-        finished = []
+        finished, last = [], []
         for i, (r, t, lp) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist())):
             r.history.append(t)
             r.next_token = t
             reason = self._finish_reason(r, t)
-            r.handle.put(TokenEvent(t, lp, reason, self._version))
-            if reason is not None:
+            if reason is None:
+                r.handle.put(TokenEvent(t, lp, None, self._version))
+            else:
                 finished.append(offset + i)
+                last.append((r.handle, TokenEvent(t, lp, reason, self._version)))
         self.counters["generated_tokens"] += len(rows)
         if finished:
-            self._remove([i for i in range(len(self._running)) if i not in finished])
+            done = set(finished)
+            self._remove([i for i in range(len(self._running)) if i not in done])
+        for handle, event in last:  # after the rows left: a finished request is never counted as running
+            handle.put(event)
 
     def _finish_reason(self, r: _Running, token: int) -> Literal["stop", "length"] | None:
         req = r.handle.request

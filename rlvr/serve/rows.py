@@ -5,10 +5,11 @@
 Its layout is the engine's: rows are left-aligned on a shared write column ``col`` (every row's
 newest token is at ``col - 1``), and ``valid`` masks each row's columns before its prompt. So:
 
-- join: the new prompt is prefilled alone (a one-row ``DecodeState``) and its K/V copied into a
-  free row at columns ``[col - L, col)``; when the prompt is longer than ``col``, every running
-  row is first shifted right by ``L - col`` columns (their mask and positions move with them:
-  RoPE positions are per row, so a shift changes nothing they compute).
+- join: the new prompts are prefilled together (a ``DecodeState`` of one row per distinct
+  prompt, left-padded as the engine pads them) and each one's K/V copied into a free row at
+  columns ``[col - L, col)``; when a prompt is longer than ``col``, every running row is first
+  shifted right by the difference (their mask moves with them; RoPE positions are per row, so
+  a shift changes nothing they compute).
 - leave: ``DecodeState.compact`` keeps the live rows (moved to the front).
 - full cache: when ``col`` reaches ``max_len``, every row is shifted left by the first column any
   row still uses. A row never spans more than prompt + max_tokens <= ``max_len`` columns
@@ -44,25 +45,32 @@ class FastRows:
     def n(self) -> int:
         return self.state.n
 
-    def join(self, prompt: list[int]) -> torch.Tensor:
-        """Prefill ``prompt`` and add it as the last row; returns its next-token logits [V]."""
-        s, L = self.state, len(prompt)
-        if s.n >= self.capacity:
+    def join(self, prompts: list[list[int]]) -> torch.Tensor:
+        """Prefill ``prompts`` (each distinct one once, left-padded together) and add them as the
+        last rows; returns their next-token logits [len(prompts), V]."""
+        s = self.state
+        if s.n + len(prompts) > self.capacity:
             raise RuntimeError("no free row")
-        one = self.fast.start(1, L, cuda_graphs=False, share_prompts=False)
-        logits = one.prefill([prompt], torch.zeros(1, dtype=torch.long, device=self.fast.device), self.pad)
+        unique = list(dict.fromkeys(tuple(p) for p in prompts))
+        at = {p: k for k, p in enumerate(unique)}
+        W = max(len(p) for p in unique)
+        dev = self.fast.device
+        one = self.fast.start(len(unique), W, cuda_graphs=False, share_prompts=False)
+        logits = one.prefill([list(p) for p in unique], torch.arange(len(unique), device=dev), self.pad)
         if s.n == 0:
-            s.col = L
-        elif L > s.col:
-            self._shift(L - s.col)
-        r, c = s.n, s.col
-        for dst, src in zip((*s.k, *s.v), (*one.k, *one.v)):
-            dst[r, :, c - L:c] = src[0, :, :L]
-        s.valid[r] = False
-        s.valid[r, c - L:c] = True
-        s.pos[r] = L
-        s.n += 1
-        return logits[0]
+            s.col = W
+        elif W > s.col:
+            self._shift(W - s.col)
+        c = s.col
+        for p in prompts:
+            r, k, L = s.n, at[tuple(p)], len(p)
+            for dst, src in zip((*s.k, *s.v), (*one.k, *one.v)):
+                dst[r, :, c - L:c] = src[k, :, W - L:W]
+            s.valid[r] = False
+            s.valid[r, c - L:c] = True
+            s.pos[r] = L
+            s.n += 1
+        return logits.index_select(0, torch.tensor([at[tuple(p)] for p in prompts], device=dev))
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row ([n] long); returns the next logits [n, V] float32."""
@@ -111,11 +119,11 @@ class HFRows:
     def n(self) -> int:
         return 0 if self.state is None else 1
 
-    def join(self, prompt: list[int]) -> torch.Tensor:
-        if self.state is not None:
+    def join(self, prompts: list[list[int]]) -> torch.Tensor:
+        if self.state is not None or len(prompts) != 1:
             raise RuntimeError("no free row")
         self.state = HFState(self.model)
-        return self.state.prefill([prompt], torch.zeros(1, dtype=torch.long, device=self.state.device), self.pad)[0]
+        return self.state.prefill(prompts, torch.zeros(1, dtype=torch.long, device=self.state.device), self.pad)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.state.step(tokens)
