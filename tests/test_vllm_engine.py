@@ -64,7 +64,7 @@ def test_cli_train_with_engine_vllm_exits_2_with_the_message(tmp_path, capsys):
 
 
 def test_bad_engine_and_vllm_keys_name_the_key_and_the_choices():
-    with pytest.raises(ConfigError, match=r"'rollout.engine' = 'sglang' is not allowed; choose one of: \['rlvr', 'vllm'\]"):
+    with pytest.raises(ConfigError, match=r"'rollout.engine' = 'sglang' is not allowed; choose one of: \['remote', 'rlvr', 'vllm'\]"):
         grpo_cfg("rollout.engine=sglang")
     with pytest.raises(ConfigError, match="'rollout.vllm.dtype' = 'int8'.*'model', 'float32', 'bfloat16', 'float16'"):
         grpo_cfg("rollout.vllm.dtype=int8")

@@ -20,6 +20,8 @@ Engines (``ENGINES``, the names ``rollout.engine`` accepts):
   (``engine=None``) calls ``generate`` directly, so the default path is the one it always was.
 - ``vllm``: vLLM in the trainer's process on its GPU (``rlvr.rollout.vllm_engine``; the
   optional ``vllm`` extra).
+- ``remote``: an OpenAI-compatible server that returns token ids and log-probs (``rlvr serve``,
+  vLLM, SGLang; ``rlvr.rollout.remote_engine``), weights pushed through a shared directory.
 
 ``EngineSource`` puts an engine with weights of its own under the synchronous rollout source: it
 pushes after each update and checks, before each batch, that the engine serves the trainer's
@@ -74,7 +76,7 @@ class EngineSetup:
 
     model: torch.nn.Module
     tokenizer: object
-    rollout: object  # rlvr.train.grpo.RolloutConfig (its ``vllm`` section, ``batch_size``)
+    rollout: object  # rlvr.train.grpo.RolloutConfig (its ``vllm`` / ``remote`` section, ``batch_size``)
     run_dir: Path
     model_source: str  # the run's ``model`` key: a directory, or a built-in name such as "tiny"
     version: int  # the trainer's version now (0, or the step a resumed run continues from)
@@ -107,9 +109,16 @@ def _vllm(setup: EngineSetup) -> RolloutEngine:
     return vllm_engine(setup)
 
 
+def _remote(setup: EngineSetup) -> RolloutEngine:
+    from rlvr.rollout.remote_engine import remote_engine
+
+    return remote_engine(setup)
+
+
 ENGINES: Registry[Callable[[EngineSetup], RolloutEngine]] = Registry("rollout engine")
 ENGINES.register("rlvr")(lambda setup: BuiltinEngine(setup.version))
 ENGINES.register("vllm")(_vllm)
+ENGINES.register("remote")(_remote)
 
 
 class EngineSource:
