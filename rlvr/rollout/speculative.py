@@ -140,6 +140,8 @@ class _FastSpec:
         st, f = self.st, self.f
         n, m = tokens.shape
         self.reserve(m)
+        if m == 1:  # the decoder's own one-token step (its masks read ``valid``: holes included)
+            return st.step(tokens[:, 0])[:, None]
         c0, S = st.col, st.col + m
         valid = st.valid[:n]
         valid[:, c0:S] = True
