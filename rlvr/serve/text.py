@@ -1,7 +1,8 @@
 """Generated token ids to text, incrementally, for one choice.
 
 ``TextStream.add`` takes each token and returns the text that is safe to send now: the decoded
-text (special tokens skipped, so the EOS never shows) minus what was already sent, held back
+text (special tokens skipped, so the EOS never shows; decoded incrementally, so a long completion
+costs linear time) minus what was already sent, held back
 where it could still change, namely an incomplete UTF-8 character at the end, anything from a stop
 string on (and a tail that could be the start of one), and with tools, anything from
 ``<tool_call>`` on (the calls are sent whole at the end). ``finish`` returns the full text, cut
@@ -27,16 +28,33 @@ def _cut(text: str, markers: tuple[str, ...]) -> int:
 
 
 class TextStream:
-    """One choice's text as its tokens arrive (see the module docstring)."""
+    """One choice's text as its tokens arrive (see the module docstring).
+
+    Decoding is incremental, as Hugging Face TGI does it: each token decodes a short window of
+    ids (from ``prefix`` on) instead of the whole sequence, and the text grows by what the window
+    adds once it ends on a complete character. A window rather than the new token alone, because
+    tokenizers such as SentencePiece's drop a token's leading space when it starts the text.
+    """
 
     def __init__(self, tokenizer, stop: tuple[str, ...] = (), hold: tuple[str, ...] = ()):
         self.tokenizer, self.stop, self.hold = tokenizer, stop, hold
         self.ids: list[int] = []
+        self.decoded = ""  # the text of ids[:read], complete characters only
+        self.prefix = self.read = 0
         self.sent = 0
 
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _window(self) -> tuple[str, str]:
+        """(text of ids[prefix:read], text of ids[prefix:])."""
+        return self._decode(self.ids[self.prefix:self.read]), self._decode(self.ids[self.prefix:])
+
     def text(self) -> str:
-        """The text so far, cut at the first stop string."""
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        """The whole text so far (an incomplete last character included), cut at the first stop
+        string."""
+        before, now = self._window()
+        text = self.decoded + now[len(before):]
         cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=len(text))
         return text[:cut]
 
@@ -44,11 +62,12 @@ class TextStream:
         """Take one token (None: none); the newly safe text."""
         if token_id is not None:
             self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # an incomplete multi-byte character
-            return ""
-        end = _cut(text, self.stop + self.hold)
+            before, now = self._window()
+            if len(now) > len(before) and not now.endswith("\ufffd"):  # (else: an incomplete character)
+                self.decoded += now[len(before):]
+                self.prefix, self.read = self.read, len(self.ids)
+        end = _cut(self.decoded, self.stop + self.hold)
         if end <= self.sent:
             return ""
-        delta, self.sent = text[self.sent:end], end
+        delta, self.sent = self.decoded[self.sent:end], end
         return delta
