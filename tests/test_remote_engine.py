@@ -16,8 +16,8 @@ with an admin token, on the CPU, as a subprocess (``python -m rlvr.serve.cli``).
   standard errors of each other (a 1-in-15,000 false alarm when both sample one policy);
 - a push that did not reach the server fails the canary with ``StaleWeightsError`` right after the
   update (the next batch never starts); weights changed by someone else are refused before a batch;
-- rlvr serve does not read ``stop_token_ids`` yet (it stops on the model's EOS, which GRPO's stop
-  ids equal here); a server that stops otherwise than asked is refused (``choice_completion``);
+- the server stops on exactly the ``stop_token_ids`` sent (with ``ignore_eos``), keeping the stop
+  token; a server that stops otherwise than asked is refused (``choice_completion``);
 - a server without token ids or log-probs is refused at start naming what is missing; bad
   ``rollout.remote.*`` keys name the key; an unreachable server is one line naming ``base_url``.
 """
@@ -38,23 +38,24 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-import rlvr.rollout.remote_engine as re_mod  # noqa: E402
-import rlvr.tasks  # noqa: E402,F401
-from rlvr.config import load_config  # noqa: E402
-from rlvr.errors import ConfigError, UserError  # noqa: E402
-from rlvr.model.load import load_model_and_tokenizer  # noqa: E402
-from rlvr.model.logprobs import sequence_logprobs  # noqa: E402
-from rlvr.monitor.metrics import read_metrics  # noqa: E402
-from rlvr.rollout.engine import SamplingParams, generate  # noqa: E402
-from rlvr.rollout.engines import ENGINES, EngineSetup  # noqa: E402
-from rlvr.rollout.weights import StaleWeightsError  # noqa: E402
+import rlvr.rollout.remote_engine as re_mod
+import rlvr.tasks  # noqa: F401
+from rlvr.config import load_config
+from rlvr.errors import ConfigError, UserError
+from rlvr.model.load import load_model_and_tokenizer
+from rlvr.model.logprobs import sequence_logprobs
+from rlvr.monitor.metrics import read_metrics
+from rlvr.rollout.engine import SamplingParams, generate
+from rlvr.rollout.engines import ENGINES, EngineSetup
+from rlvr.rollout.weights import StaleWeightsError
 
 ADMIN = "test-admin-token"
-TIMING = ("time/", "perf/", "throughput", "per_s", "_s", "seconds", "mem/")
+TIMING = ("time/", "perf/", "mem/")  # prefixes of timings and memory: they differ between any two runs
 
 
 def free_port() -> int:
@@ -121,7 +122,8 @@ def run(model_dir: str, out: Path, *overrides: str) -> list[dict]:
 
 def comparable(metrics: list[dict]) -> list[dict]:
     """Each step's metrics but timings and memory (they differ between any two runs)."""
-    return [{k: v for k, v in m.items() if isinstance(v, (int, float)) and not any(t in k for t in TIMING)}
+    return [{k: v for k, v in m.items()
+             if isinstance(v, (int, float)) and not k.startswith(TIMING) and not k.endswith("_s")}
             for m in metrics]
 
 
@@ -145,6 +147,13 @@ def test_greedy_grpo_through_rlvr_serve_gives_the_in_process_metrics(server, tin
     assert (tmp_path / "remote" / "remote_weights" / "config.json").exists()
     assert len(remote) == 3
     assert_close(comparable(local), comparable(remote), 1e-5)
+    weights = {name: load_file(str(tmp_path / name / "model.safetensors"))
+               for name in ("local/final", "remote/final", "remote/remote_weights")}
+    start = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
+    for k, w in weights["remote/final"].items():
+        assert torch.allclose(w, weights["local/final"][k], atol=1e-6)
+        assert torch.equal(w, weights["remote/remote_weights"][k])  # the last push: the final weights
+    assert any(not torch.equal(w, start[k]) for k, w in weights["remote/final"].items())  # the weights moved
 
 
 def test_sampled_grpo_through_rlvr_serve_samples_the_trainers_policy_reproducibly(server, tiny_model_dir, tmp_path,
@@ -157,11 +166,12 @@ def test_sampled_grpo_through_rlvr_serve_samples_the_trainers_policy_reproducibl
     cfg = grpo_cfg(f"model={tiny_model_dir}", "rollout.engine=remote", f"rollout.remote.base_url={server}")
     engine = ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0))
     prompts = [tok("12+7=", add_special_tokens=False)["input_ids"], [5, 6]]
-    params = SamplingParams(n=64, max_new_tokens=4)  # stops on the model's EOS: rlvr serve's own rule (see below)
+    params = SamplingParams(n=64, max_new_tokens=4, stop_token_ids=tuple(range(40, 90)))  # some stop, some not
     twice = [engine.generate(model, prompts, params, generator=torch.Generator().manual_seed(1), pad_token_id=0)
              for _ in range(2)]
     assert [c.token_ids for c in twice[0]] == [c.token_ids for c in twice[1]]  # the server's seeded sampling
     assert [c.prompt_index for c in twice[0]] == [0] * 64 + [1] * 64
+    assert {c.finish_reason for c in twice[0]} == {"stop", "length"}  # checked exact by choice_completion
     local = generate(model, prompts, params, generator=torch.Generator().manual_seed(1), pad_token_id=0)
     engine.close()
     for out in (twice[0], local):  # every sampled token's log-prob is the trainer's forward
@@ -252,7 +262,8 @@ def test_a_server_without_token_ids_or_logprobs_is_refused_at_start_naming_it(ti
     model, tok = load_model_and_tokenizer(tiny_model_dir)
     fake = FakeServer(drop)
     try:
-        cfg = grpo_cfg("rollout.engine=remote", f"rollout.remote.base_url={fake.url}", "rollout.remote.weight_push=none")
+        cfg = grpo_cfg("rollout.engine=remote", f"rollout.remote.base_url={fake.url}",
+                       "rollout.remote.weight_push=none")
         with pytest.raises(UserError, match=named) as e:
             ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0))
         assert fake.url in str(e.value) and "\n" not in str(e.value)
@@ -266,7 +277,8 @@ def test_bad_remote_keys_name_the_key():
     for key, value in (("weight_push", "ftp"), ("max_concurrency", "0"), ("timeout_s", "0"),
                        ("canary_tolerance", "-1"), ("base_url", "localhost:8000")):
         with pytest.raises(ConfigError, match=f"rollout.remote.{key}"):
-            grpo_cfg("rollout.engine=remote", "rollout.remote.base_url=http://127.0.0.1:1", f"rollout.remote.{key}={value}")
+            grpo_cfg("rollout.engine=remote", "rollout.remote.base_url=http://127.0.0.1:1",
+                     f"rollout.remote.{key}={value}")
     with pytest.raises(ConfigError, match="rollout.remote.bogus"):
         grpo_cfg("rollout.engine=remote", "rollout.remote.base_url=http://127.0.0.1:1", "rollout.remote.bogus=1")
     with pytest.raises(ConfigError, match="rollout.precision"):
@@ -310,5 +322,6 @@ def test_weight_push_none_serves_a_fixed_policy_and_says_so(server, tiny_model_d
     assert engine.version == 1 and server_version(server) == before
     assert len(engine.generate(model, [[5, 6, 7]], SamplingParams(n=2, max_new_tokens=3), pad_token_id=0)) == 2
     engine.close()
-    with pytest.raises(StaleWeightsError), pytest.warns(UserWarning):  # the canary at start: the server does not serve these weights
+    # the canary at start: the server does not serve the halved weights
+    with pytest.raises(StaleWeightsError), pytest.warns(UserWarning):
         ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 1, 0))
