@@ -338,7 +338,10 @@ def test_queue_full_is_429_not_a_hang(servers):
 
 
 def test_client_disconnect_cancels(server):
-    stream = server.client.completions.create(model="tiny", prompt="1", max_tokens=200, temperature=0, stream=True)
+    _, text = http(server.url + "/metrics")
+    before = _metric(text, "rlvr_serve_generated_tokens_total")
+    stream = server.client.completions.create(model="tiny", prompt=[5], max_tokens=250, temperature=0, stream=True,
+                                              extra_body={"ignore_eos": True})
     next(iter(stream))
     stream.close()
     end = time.monotonic() + 10
@@ -348,6 +351,7 @@ def test_client_disconnect_cancels(server):
             break
         time.sleep(0.05)
     assert _metric(text, "rlvr_serve_running") == 0
+    assert _metric(text, "rlvr_serve_generated_tokens_total") - before < 250  # stopped before its length
 
 
 def test_weight_update_auth_and_version(server, dirs):
