@@ -212,3 +212,31 @@ def test_a_failed_step_aborts_its_requests_and_the_server_goes_on(tokenizer, mon
         assert len([e.token_id for e in h.iter_sync(timeout=10)]) == 10  # a fresh batch after the failure
     finally:
         engine.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_continuous_batching(tokenizer, dtype):
+    """On CUDA (the decode step's SDPA path with a boolean mask): fp32 greedy tokens equal the
+    engine's; in bf16 the sampled tokens' log-probs stay near the training forward's."""
+    from rlvr.model.logprobs import sequence_logprobs
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    model = build("qwen3", tokenizer).to("cuda", dtype)
+    engine = Batcher(model, tokenizer, max_batch=3, max_context=48)
+    try:
+        got = _batched(engine)
+        if dtype == torch.float32:
+            assert got == _reference(model, tokenizer)
+        handles = [engine.submit(GenRequest(p, n, temperature=1.0, seed=i, stop_token_ids=()))
+                   for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS))]
+        for p, h in zip(PROMPTS, handles):
+            events = list(h.iter_sync(timeout=60))
+            ids = torch.tensor([p + [e.token_id for e in events]], device="cuda")
+            with torch.no_grad():
+                ref = sequence_logprobs(model, ids, torch.ones_like(ids))[0, len(p):].float().cpu()
+            diff = (ref - torch.tensor([e.logprob for e in events])).abs()
+            assert diff.max() < (1e-3 if dtype == torch.float32 else 0.1), diff.max()
+    finally:
+        engine.close()
