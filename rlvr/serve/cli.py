@@ -55,9 +55,8 @@ def serve(cfg: ServeConfig) -> None:
     failed: list[BaseException] = []
     server: uvicorn.Server | None = None
 
-    def on_load_error(e: BaseException) -> None:
+    def on_load_error(e: BaseException) -> None:  # (the error is printed once the server has stopped)
         failed.append(e)
-        print(f"error: {e}", file=sys.stderr, flush=True)
         if server is not None:
             server.should_exit = True
 
