@@ -173,6 +173,14 @@ def test_streaming_matches_non_streamed(server):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Ok. "
     last = chunks[-1].choices[0]
     assert last.finish_reason == "tool_calls" and last.delta.tool_calls[0].function.name == "get_weather"
+    # token ids stream too, held-back text or not
+    whole = server.client.chat.completions.create(**{**kw, "max_tokens": 90}, tools=TOOLS,
+                                                  extra_body={"return_token_ids": True})
+    chunks = list(server.client.chat.completions.create(**{**kw, "max_tokens": 90}, tools=TOOLS, stream=True,
+                                                        extra_body={"return_token_ids": True}))
+    assert [t for c in chunks if c.choices for t in c.choices[0].model_extra.get("token_ids") or []] == \
+        whole.choices[0].model_extra["token_ids"]
+    assert chunks[-1].model_extra["prompt_token_ids"] == whole.model_extra["prompt_token_ids"]
 
 
 def test_tool_history_renders_as_tool_call_text(server, model_and_tok):

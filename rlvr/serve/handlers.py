@@ -263,7 +263,7 @@ async def _chat_chunks(call: Call, body: ChatCompletionRequest, choices: list[Ch
             lps = {"content": _chat_logprobs(call, c.token_ids[before:], c.logprobs[before:])}
         ids = {"token_ids": c.token_ids[before:]} if body.return_token_ids else {}
         if ev.finish_reason is None:
-            if delta or lps:
+            if delta or lps or ids:
                 yield chunk(c, {"content": delta} if delta else {}, logprobs=lps, **ids)
             continue
         text = c.text.text()
