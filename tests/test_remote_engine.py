@@ -18,6 +18,8 @@ with an admin token, on the CPU, as a subprocess (``python -m rlvr.serve.cli``).
   update (the next batch never starts); weights changed by someone else are refused before a batch;
 - the server stops on exactly the ``stop_token_ids`` sent (with ``ignore_eos``), keeping the stop
   token; a server that stops otherwise than asked is refused (``choice_completion``);
+- multi-turn episodes through the server are token-faithful (log-probs = a fresh forward);
+- ``weight_push: none`` warns, sends nothing, and its canary at start still refuses other weights;
 - a server without token ids or log-probs is refused at start naming what is missing; bad
   ``rollout.remote.*`` keys name the key; an unreachable server is one line naming ``base_url``.
 """
@@ -38,6 +40,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from episode_checks import assert_token_faithful, echo_episodes
 from safetensors.torch import load_file
 
 pytest.importorskip("fastapi")
@@ -325,3 +328,15 @@ def test_weight_push_none_serves_a_fixed_policy_and_says_so(server, tiny_model_d
     # the canary at start: the server does not serve the halved weights
     with pytest.raises(StaleWeightsError), pytest.warns(UserWarning):
         ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 1, 0))
+
+
+def test_multi_turn_episodes_through_the_server_are_token_faithful(server, tiny_model_dir, tmp_path, admin):
+    """Episodes through the seam: each turn one request per prompt (no K/V handed over), the
+    policy's log-probs equal a fresh forward over the whole trajectory, the segments make its ids."""
+    trainer, tok = load_model_and_tokenizer(tiny_model_dir)
+    cfg = grpo_cfg("rollout.engine=remote", f"rollout.remote.base_url={server}")
+    engine = ENGINES.get("remote")(EngineSetup(trainer, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0))
+    try:
+        assert_token_faithful(trainer, echo_episodes(trainer, tok, engine))
+    finally:
+        engine.close()

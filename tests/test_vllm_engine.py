@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from episode_checks import assert_token_faithful, echo_episodes
 
 import rlvr.rollout.vllm_engine as ve
 import rlvr.tasks  # noqa: F401
@@ -331,38 +332,9 @@ def test_vllm_engine_of_a_resumed_run_starts_from_the_trainers_saved_weights(tin
 def test_multi_turn_episodes_run_on_the_vllm_engine_token_faithfully(tiny_model_dir, fake_vllm):
     """Episodes through the seam: each turn a new request (no K/V handed over), the policy's
     log-probs equal a fresh forward over the whole trajectory, the segments make its ids."""
-    from rlvr.envs.base import ENVS, EnvConfig, ToolEnv
-    from rlvr.envs.tools import Tool
-    from rlvr.rollout.episodes import EnvPool, collect_episodes
-    from rlvr.types import Spec, Task, Verdict
-
-    class Echo(ToolEnv):
-        name = "test.echo"
-
-        def tools(self):
-            return [Tool("echo", "Echo the text.", lambda text: f"echo: {text}", {"text": ("string", "text")})]
-
-        def _verify(self):
-            return Verdict(False, 0.0, "mismatch")
-
     trainer, tok = load_model_and_tokenizer(tiny_model_dir)
     engine = ve.VLLMEngine(tiny_model_dir, ve.VLLMConfig(), trainer, version=0, seed=0, max_num_seqs=8)
-    task = Task(id="test.echo/v1/train/1/000000", domain="test.echo", level=1, env="test.echo", key="0",
-                prompt=({"role": "user", "content": "Say ok."},), spec=Spec("echo", {}))
-    with ENVS.temporary("test.echo", Echo):
-        pool = EnvPool(EnvConfig(max_turns=3, turn_tokens=10, max_tokens=30, max_context=400))
-        eps = collect_episodes(trainer, tok, [task], SamplingParams(n=2, stop_token_ids=tuple(range(40, 100))), pool,
-                               generator=torch.Generator().manual_seed(0), engine=engine)
-        pool.close()
-    assert max(e.trajectory.episode.turns for e in eps) >= 2
-    for e in eps:
-        t = e.trajectory
-        assert tuple(i for _, ids in t.segments for i in ids) == t.token_ids
-        ids = torch.tensor([t.token_ids])
-        with torch.no_grad():
-            fresh = sequence_logprobs(trainer, ids, torch.ones_like(ids))[0]
-        mask = torch.tensor(t.loss_mask, dtype=torch.bool)
-        assert torch.allclose(fresh[mask], torch.tensor(t.logprobs)[mask], atol=1e-4)
+    assert_token_faithful(trainer, echo_episodes(trainer, tok, engine))
 
 
 # ------------------------------------------------------------------ the default path and the trainer
