@@ -1,7 +1,7 @@
 """Benchmark: the fast mode's engine-level speedups, each against the normal engine in one run.
 
     python benchmarks/fast_decode.py [--json PATH] [--rounds 3] [--k 2 4] [--tasks 400]
-                                     [--target DIR] [--draft DIR]
+                                     [--target DIR] [--draft DIR] [--threads N] [--serve-requests 4]
 
 Models: the target is the quickstart's GRPO policy, the draft a 1-layer model distilled from it
 (``benchmarks/serve_models.py``, made on first use, ~5 minutes). Sides are alternated within
@@ -226,7 +226,12 @@ def main() -> None:
     ap.add_argument("--draft", default=None, help="default: distil one into runs/bench/draft")
     ap.add_argument("--only", nargs="+", default=["speculative", "int8", "prefix", "serve"])
     ap.add_argument("--serve-requests", type=int, default=4, help="requests per client (16 clients)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = ap.parse_args()
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
     from transformers import AutoTokenizer
 
     from rlvr.model.load import load_model

@@ -148,3 +148,22 @@ def test_load_weights_bumps_the_version_and_clears_the_cache(tok, target, tmp_pa
         assert [e.token_id for e in ev] == greedy_ref(new, prompts, 6)[0] and ev[-1].version == 1
     finally:
         engine.close()
+
+
+def test_serve_config_factory_loads_the_draft(tok, target, draft, tmp_path):
+    from types import SimpleNamespace
+
+    from rlvr.serve.fast import from_serve_config
+
+    draft.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    cfg = SimpleNamespace(draft=str(tmp_path), quantize="", spec_tokens=2, max_batch=4, max_waiting=8,
+                          max_context=0, seed=0)
+    engine = from_serve_config(cfg, target, tok)
+    try:
+        assert engine.draft is not None and engine.k == 2 and engine.quantize is None and engine.max_batch == 4
+        prompt = system_prompts(tok)[0]
+        ev = run(engine, [GenRequest(prompt, max_tokens=5, temperature=0.0, stop_token_ids=())])[0]
+        assert [e.token_id for e in ev] == greedy_ref(target, [prompt], 5)[0]
+    finally:
+        engine.close()

@@ -298,3 +298,21 @@ def load_fast_engine(model_dir: str, *, draft_dir: str | None = None, quantize: 
     if draft_dir:
         check_pair(model, draft, tok, AutoTokenizer.from_pretrained(draft_dir))
     return FastEngine(model, tok, draft=draft, quantize=quantize, spec_tokens=spec_tokens, **kwargs)
+
+
+def from_serve_config(cfg, model: torch.nn.Module, tokenizer) -> FastEngine:
+    """The ``ENGINES`` factory of ``rlvr serve --fast`` (``rlvr/serve/config.py``): ``cfg.draft``
+    (a directory, "" for none), ``cfg.quantize`` ("" or "int8"), ``cfg.spec_tokens`` and the
+    normal mode's bounds. The draft loads on the target's device and dtype."""
+    from transformers import AutoTokenizer
+
+    from rlvr.model.load import load_model
+
+    p = next(model.parameters())
+    draft = None
+    if cfg.draft:
+        draft = load_model(cfg.draft, dtype=p.dtype, device=p.device)
+        check_pair(model, draft, tokenizer, AutoTokenizer.from_pretrained(cfg.draft))
+    return FastEngine(model, tokenizer, draft=draft, spec_tokens=cfg.spec_tokens, quantize=cfg.quantize or None,
+                      max_batch=cfg.max_batch, max_waiting=cfg.max_waiting, max_context=cfg.max_context or None,
+                      seed=cfg.seed)
