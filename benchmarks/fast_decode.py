@@ -14,8 +14,9 @@ each round (the order rotates); medians over rounds; the idle CPU is noted at th
    are asserted identical to the target's; the draft's acceptance rate is recorded.
 2. ``int8``: tokens/s of the int8 target (``model/quantize.py``; Hugging Face forward, the only
    path that runs packed int8 weights) against the fp32 target on the same forward and on the
-   fast decoder (batch 16, 64 tokens), and held-out greedy pass@1 of fp32 and int8 on ``--tasks``
-   math tasks (``rlvr.eval.evaluate``, the eval split).
+   fast decoder (batch 16, 64 tokens), and held-out greedy pass@1 of fp32, int8 (per-channel
+   weight scales, the default) and int8 with per-tensor scales on ``--tasks`` math tasks
+   (``rlvr.eval.evaluate``, the eval split).
 3. ``prefix``: 16 requests one at a time, each a ~100-token shared system prompt + its own
    question, 16 new tokens (greedy). ``no_cache``: ``engine.generate``; ``cache``:
    ``prefix_cache.cached_generate`` with a cache that one earlier request warmed. Tokens run
@@ -119,7 +120,7 @@ def bench_int8(target, tok, rounds: int, tasks: int) -> dict:
     ts = generate_tasks(domains, "eval", tasks, seed=1234)
     cfg = EvalConfig(domains=domains, tasks=tasks)
     acc = {}
-    for name, m in (("fp32", target), ("int8", q)):
+    for name, m in (("fp32", target), ("int8", q), ("int8_per_tensor", quantize_int8(target, per_channel=False))):
         secs, rep = timed(lambda m=m: evaluate(m, tok, ts, cfg))
         acc[name] = {"pass@1": rep["overall"]["pass@1"], "ci95": rep["overall"]["pass@1_ci95"],
                      "by_domain": {d: v["pass@1"] for d, v in rep["by_domain"].items()}, "seconds": round(secs, 1)}
