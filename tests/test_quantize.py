@@ -39,6 +39,9 @@ def test_decoder_linears_are_int8_head_and_embeddings_are_not(model):
     assert is_quantized(q) and not is_quantized(model)
     assert type(model.model.layers[0].self_attn.q_proj) is nn.Linear  # the original is untouched
     assert weight_bytes(q) < weight_bytes(model)
+    assert mods[names[0]].weight().qscheme() == torch.per_channel_affine  # one scale per output row
+    per_tensor = dict(quantize_int8(model, per_channel=False).named_modules())[names[0]]
+    assert per_tensor.weight().qscheme() == torch.per_tensor_affine
 
 
 def test_logits_near_full_precision_and_the_engine_runs_it_on_hf(model, tok):
