@@ -367,7 +367,8 @@ class _Spec:
             present, pend = self._drop_finished(present, alive, pend)
             if not present:
                 break
-            room = min(self.budget[r] - len(self.out_tokens[r]) for r in present)
+            # k shrinks near the end of the longest budget left (rows with less room just cut)
+            room = max(self.budget[r] - len(self.out_tokens[r]) for r in present)
             accepted, nxt, toks, lps = self._round(pend, min(self.k, room - 1))
             alive = self._record(present, toks, lps, accepted + 1)
             pend = nxt
