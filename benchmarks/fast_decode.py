@@ -23,8 +23,8 @@ each round (the order rotates); medians over rounds; the idle CPU is noted at th
    through the prefill counted per request; outputs asserted identical.
 4. ``serve``: in-process load, no HTTP: 16 client threads, each sending ``--serve-requests``
    greedy requests one after another (the system prompt + its own question, 32 new tokens) to the
-   normal engine (``serve/batcher.py``, continuous batching), ``FastEngine`` with the prefix cache
-   only, and ``FastEngine`` with the draft; tokens/s over the wall time, p50/p99 request latency,
+   normal engine (``serve/batcher.py``, continuous batching), ``FastEngine`` without draft and
+   with a zero-byte prefix cache (waves alone), with the prefix cache, and with the draft too; tokens/s over the wall time, p50/p99 request latency,
    and how many requests' tokens equal the normal engine's.
 """
 
@@ -177,6 +177,7 @@ def bench_serve(target, draft, tok, k: int, requests_per_client: int, clients: i
     tasks = generate_tasks(["math.arith", "math.word"], "eval", clients * requests_per_client, seed=4)
     prompts = [list(encode_chat_prompt(tok, [{"role": "system", "content": SYSTEM}, *t.prompt])) for t in tasks]
     engines = {"normal_continuous": lambda: Batcher(target, tok, max_batch=clients),
+               "fast_waves_no_cache": lambda: FastEngine(target, tok, max_batch=clients, prefix_cache_bytes=0),
                "fast_prefix_only": lambda: FastEngine(target, tok, max_batch=clients),
                f"fast_spec_k{k}": lambda: FastEngine(target, tok, draft=draft, spec_tokens=k, max_batch=clients)}
     rows, outputs = [], {}
