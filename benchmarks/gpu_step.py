@@ -13,7 +13,7 @@ parameters; ``--size`` also takes ``small`` and ``medium``):
    model: how GRPO's rollouts run with ``rollout.precision=bf16``; CUDA graphs on, the default).
    Tokens/s, ratio to ``hf_generate_bf16`` and model-FLOP utilisation: ``model_flops_per_token x
    tokens/s`` over the device's bf16 GEMM rate (``matmul_rate`` of an n x n x n bf16 GEMM, n =
-   8192 on a GPU, 1024 on a CPU), measured before and after in the same run.
+   8192 on a GPU, 256 on a CPU), measured before and after in the same run.
 2. **GRPO step**: ``rlvr.train.grpo`` on ``device``, ``rollout.precision`` and ``algo.precision``
    bf16 (fp32 master weights, AdamW), ``--tasks`` prompts x ``--samples`` samples x at most
    ``--new-tokens`` tokens, the digit-share reward of ``grpo_step_vs_trl.py``; ``--compile`` adds
@@ -59,7 +59,7 @@ def device_note(device: torch.device) -> str:
 
 
 def bf16_rate(device: torch.device) -> float:
-    n = 8192 if device.type == "cuda" else 1024
+    n = 8192 if device.type == "cuda" else 256  # bf16 GEMMs on this CPU run at ~0.7 GFLOP/s: 1024 took 26 s
     return matmul_rate(n, dtype=torch.bfloat16, device=device.type)
 
 
