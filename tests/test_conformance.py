@@ -41,6 +41,12 @@ function that raises ``AssertionError`` naming what is wrong:
   token equal to the trainer's forward, a stop token last exactly when it stopped, the same draws
   for the same generator seed; it serves the version it was built at, then each pushed one;
   ``close`` is idempotent; docs/rollout.md describes it.
+- ``check_serving_engine``: a serving engine (``rlvr serve``'s ``ENGINES``) is built from a
+  ``ServeConfig`` of the tiny model and meets ``ServingEngine``: a greedy request gives the rollout
+  engine's greedy tokens with the trainer's log-probs, concurrent requests the same as alone, a
+  seeded sampled request the same tokens twice, the prompt's log-probs the trainer's; ``stats``
+  has its counters; ``load_weights`` of other weights bumps the version and changes the output;
+  ``close`` is idempotent; docs/serve.md names it.
 
 A deliberately broken domain (its reference fails) and environment (it raises on a malformed call),
 registered with ``Registry.temporary``, make the checks fail (tested at the end), and their healthy
@@ -60,6 +66,7 @@ import pkgutil
 import random
 import re
 import string
+import time
 from pathlib import Path
 
 import pytest
@@ -86,8 +93,11 @@ from rlvr.monitor.trackers import TRACKERS, TrackerConfig, open_trackers
 from rlvr.errors import UserError
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.model.logprobs import sequence_logprobs
-from rlvr.rollout.engine import SamplingParams
+from rlvr.rollout.engine import SamplingParams, generate
 from rlvr.rollout.engines import ENGINES, EngineSetup
+from rlvr.serve.config import ENGINES as SERVING_ENGINES
+from rlvr.serve.config import ServeConfig
+from rlvr.serve.types import GenRequest, ServingEngine
 from rlvr.train.code_tools import code_tools
 from rlvr.registry import Registry
 from rlvr.sandbox import Sandbox, choose, plaindata
@@ -841,7 +851,7 @@ def check_preference_loss(name: str) -> None:
 
 
 CHECKED = [DOMAINS, VERIFIERS, ENVS, ADVANTAGES, POLICY_LOSSES, AGGREGATIONS, KL_ESTIMATORS, PREFERENCE_LOSSES, SUITES,
-           DETECTORS, HACKS, TRACKERS, ENGINES]
+           DETECTORS, HACKS, TRACKERS, ENGINES, SERVING_ENGINES]
 
 
 def rlvr_registries() -> dict[int, tuple[str, Registry]]:
@@ -1034,6 +1044,69 @@ def test_rollout_engine_conforms(name, tiny_model_dir, tmp_path):
     if name == "vllm" and torch.cuda.is_available() and find_spec("vllm") is not None:
         pytest.skip("vllm builds here: its GPU test (tests/test_vllm_engine.py) runs it on a model it fits")
     check_engine(name, tiny_model_dir, tmp_path)
+
+
+def check_serving_engine(name: str, model_dir: str, other_dir: str) -> None:
+    """See the module docstring (``check_serving_engine``)."""
+    docs = (Path(rlvr.__file__).parent.parent / "docs" / "serve.md").read_text()
+    assert f"`{name}`" in docs, f"docs/serve.md does not name serving engine {name}"
+    model, tok = load_model_and_tokenizer(model_dir)
+    cfg = ServeConfig(model=model_dir, device="cpu", max_batch=4, fast=name == "fast",
+                      batching=name if name in ("continuous", "none") else "continuous")
+    engine = SERVING_ENGINES.get(name)(cfg, model, tok)
+    try:
+        assert isinstance(engine, ServingEngine), f"serving engine {name} does not meet the protocol"
+        deadline = time.monotonic() + 30
+        while not engine.ready and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.ready and engine.version == 0, f"serving engine {name}: not ready at version 0"
+        prompts = [tok("1+2=", add_special_tokens=False)["input_ids"], tok("the answer", add_special_tokens=False)["input_ids"]]
+
+        def run(*requests: GenRequest) -> list[tuple[list[int], list[float], object]]:
+            handles = [engine.submit(r) for r in requests]
+            out = []
+            for h in handles:
+                events = list(h.iter_sync(timeout=60))
+                toks = [e for e in events if e.token_id is not None]
+                out.append(([e.token_id for e in toks], [e.logprob for e in toks], h))
+            return out
+
+        greedy = [GenRequest(prompt_ids=p, max_tokens=8, temperature=0.0, stop_token_ids=(), logprobs=True,
+                             prompt_logprobs=True) for p in prompts]
+        together, alone = run(*greedy), [run(r)[0] for r in greedy]
+        reference = generate(model, prompts, SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=()),
+                             pad_token_id=tok.pad_token_id)
+        for p, (ids, lps, handle), (ids_alone, _, _), ref in zip(prompts, together, alone, reference):
+            assert ids == list(ref.token_ids) == ids_alone, f"serving engine {name}: greedy tokens differ"
+            full = torch.tensor([p + ids])
+            with torch.no_grad():
+                lp = sequence_logprobs(model, full, torch.ones_like(full))[0]
+            assert torch.allclose(lp[len(p):], torch.tensor(lps), atol=1e-4), f"serving engine {name}: log-probs"
+            assert handle.prompt_logprobs is not None and len(handle.prompt_logprobs) == len(p)
+            assert torch.allclose(lp[1:len(p)], torch.tensor(handle.prompt_logprobs[1:]), atol=1e-4), \
+                f"serving engine {name}: prompt log-probs not the trainer's"
+        seeded = GenRequest(prompt_ids=prompts[0], max_tokens=8, temperature=1.0, seed=7, stop_token_ids=())
+        assert run(seeded)[0][0] == run(seeded)[0][0], f"serving engine {name}: a seed does not repeat"
+        stats = engine.stats()
+        assert {"running", "waiting", "prefix_cache_hits", "steps"} <= set(stats), f"{name}: stats {stats}"
+        assert all(isinstance(v, (int, float)) for v in stats.values())
+        assert engine.load_weights(other_dir) == 1 and engine.version == 1
+        assert run(greedy[0])[0][0] != together[0][0], f"serving engine {name}: other weights, same output"
+    finally:
+        engine.close()
+        engine.close()
+
+
+@pytest.mark.parametrize("name", SERVING_ENGINES.names())
+def test_serving_engine_conforms(name, tiny_model_dir, tmp_path):
+    from rlvr.model.checkpoint import save_model_dir
+
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    check_serving_engine(name, tiny_model_dir, str(save_model_dir(tmp_path / "other", model, tok)))
 
 
 def check_tracker(name: str, run_dir: Path) -> None:

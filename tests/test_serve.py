@@ -410,3 +410,31 @@ def test_non_loopback_host_needs_an_api_key(monkeypatch):
     with pytest.raises(ConfigError, match="--api-key"):
         ServeConfig(model="m", host="0.0.0.0")
     assert ServeConfig(model="m", host="0.0.0.0", api_key="k").api_key == "k"
+
+
+def test_fast_mode_serves_what_the_normal_mode_serves(servers, dirs):
+    """``rlvr serve --fast`` (prefix cache + speculative decoding; the draft here is the model
+    itself, so every proposal is accepted): the same greedy tool call and token ids as the normal
+    server, the second request with the same system prompt hitting the prefix cache."""
+    main, _ = servers
+    fast = Server(dirs["tool"], "--fast", "--draft", dirs["tool"], "--spec-tokens", "3")
+    try:
+        fast.wait_ready()
+        r = fast.client.chat.completions.create(model="tiny", messages=QUESTION, tools=TOOLS, temperature=0,
+                                                max_tokens=90)
+        assert r.choices[0].finish_reason == "tool_calls"
+        assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {"city": "Paris"}
+        system = [{"role": "system", "content": "You are a careful assistant. " * 6}]
+
+        def ids(server, text):
+            out = server.client.chat.completions.create(
+                model="tiny", messages=system + [{"role": "user", "content": text}], temperature=0, max_tokens=12,
+                extra_body={"return_token_ids": True})
+            return out.choices[0].model_extra["token_ids"]
+
+        for text in ("1+2=", "what is 3*4?"):
+            assert ids(fast, text) == ids(main, text)
+        _, metrics = http(fast.url + "/metrics")
+        assert _metric(metrics, "rlvr_serve_prefix_cache_hits_total") >= 1
+    finally:
+        fast.stop()

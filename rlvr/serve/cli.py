@@ -22,6 +22,8 @@ def add_parser(sub) -> None:
         doc = (f.metadata.get("doc") or "").strip() or _doc(f.name)
         if f.name == "model":
             p.add_argument(flag, required=True, help=doc)
+        elif isinstance(f.default, bool):
+            p.add_argument(flag, action="store_true", help=doc)
         else:
             p.add_argument(flag, type=type(f.default), default=f.default, help=f"{doc} (default: {f.default!r})")
     p.set_defaults(fn=cmd_serve)

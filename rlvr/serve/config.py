@@ -51,10 +51,25 @@ class ServeConfig:
     """Bearer key of the generation endpoints and /v1/models (default: env RLVR_API_KEY); empty: none needed."""
     seed: int = 0
     """Seed of the streams of requests that send no seed."""
+    fast: bool = False
+    """Serve with the fast mode's engine (rlvr/serve/fast.py: prefix cache, speculative decoding, int8) instead of the batcher."""
+    draft: str = ""
+    """--fast: draft model directory (the target's tokenizer); empty: no speculative decoding, prefix cache only."""
+    spec_tokens: int = 4
+    """--fast with --draft: draft tokens proposed per round."""
+    quantize: str = ""
+    """--fast: int8 quantises the decoder's Linear layers (CPU only; empty: none)."""
 
     def __post_init__(self) -> None:
         check_choice("--device", self.device, ["auto", "cpu", "cuda"])
         check_choice("--batching", self.batching, ["continuous", "none"])
+        check_choice("--quantize", self.quantize, ["", "int8"])
+        if self.spec_tokens < 0:
+            raise ConfigError(f"--spec-tokens must be >= 0, got {self.spec_tokens}")
+        if (self.draft or self.quantize) and not self.fast:
+            raise ConfigError("--draft and --quantize are the fast mode's: add --fast")
+        if self.quantize and self.device == "cuda":
+            raise ConfigError("--quantize int8 runs on the CPU only (dynamic int8 Linear layers); drop it or use --device cpu")
         for name in ("max_batch", "port"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -68,7 +83,7 @@ class ServeConfig:
 
     @property
     def engine_name(self) -> str:
-        return self.batching
+        return "fast" if self.fast else self.batching
 
 
 def is_loopback(host: str) -> bool:
@@ -94,3 +109,10 @@ def _one_at_a_time(cfg: ServeConfig, model, tokenizer) -> ServingEngine:
 
     return Batcher(model, tokenizer, max_batch=1, max_waiting=cfg.max_waiting,
                    max_context=cfg.max_context or None, batching="none", seed=cfg.seed)
+
+
+@ENGINES.register("fast")
+def _fast(cfg: ServeConfig, model, tokenizer) -> ServingEngine:
+    from rlvr.serve.fast import from_serve_config
+
+    return from_serve_config(cfg, model, tokenizer)
