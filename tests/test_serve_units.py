@@ -201,6 +201,17 @@ def test_api_key_guards_the_v1_endpoints(tokenizer):
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
 
 
+def test_a_missing_extra_is_named(monkeypatch, tmp_path):
+    import sys
+
+    from rlvr.serve.cli import serve
+    from rlvr.serve.config import ServeConfig
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if not installed: importing it raises ImportError
+    with pytest.raises(UserError, match=r"pip install 'rlvr\[fastapi\]' \(missing: uvicorn\)"):
+        serve(ServeConfig(model=str(tmp_path)))
+
+
 def test_a_failed_step_aborts_its_requests_and_the_server_goes_on(tokenizer, monkeypatch):
     engine = Batcher(build("llama", tokenizer), tokenizer, max_batch=2, max_context=64)
     try:

@@ -46,9 +46,14 @@ def cmd_serve(args) -> None:
 
 
 def serve(cfg: ServeConfig) -> None:
-    import uvicorn
-
     from rlvr.errors import UserError
+
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn
+    except ImportError as e:
+        raise UserError(f"rlvr serve needs the fastapi extra: pip install 'rlvr[fastapi]' (missing: {e.name})") from None
     from rlvr.model.load import ModelLoadConfig, load_tokenizer
     from rlvr.serve.app import create_app
 
