@@ -38,7 +38,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Literal
@@ -50,8 +49,9 @@ from rlvr.model.logprobs import sequence_logprobs
 from rlvr.rollout.decoder import FastLlama, unsupported_reason
 from rlvr.rollout.engine import model_stop_ids
 from rlvr.serve.rows import FastRows, HFRows
+from rlvr.serve.intake import Intake
 from rlvr.serve.sampling import request_generator, sample_rows
-from rlvr.serve.types import GenRequest, NotReady, QueueFull, RequestHandle, TokenEvent
+from rlvr.serve.types import NotReady, RequestHandle, TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class _Running:
     next_token: int = 0  # sampled, not yet fed
 
 
-class Batcher:
+class Batcher(Intake):
     """Continuous batching on rlvr's fast decoder (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, max_batch: int = 16, max_waiting: int = 64,
@@ -78,9 +78,9 @@ class Batcher:
         if max_batch < 1 or max_waiting < 0:
             raise UserError(f"--max-batch must be >= 1 and --max-waiting >= 0 (got {max_batch}, {max_waiting})")
         self.model, self.tokenizer = model.eval(), tokenizer
-        self.max_context = int(max_context or getattr(model.config, "max_position_embeddings", 2048))
+        self._open_intake(model, max_waiting, max_context)
         self.max_batch = 1 if batching == "none" else max_batch
-        self.max_waiting, self.batching, self.seed = max_waiting, batching, seed
+        self.batching, self.seed = batching, seed
         self.stop_ids = model_stop_ids(model)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
         reason = unsupported_reason(model, self.max_context)
@@ -89,13 +89,7 @@ class Batcher:
                             f"({reason}); pass --batching none (one request at a time on the Hugging Face forward)")
         self.backend = "fast" if reason is None else "hf"
         self.rows = self._new_rows()
-        self._version = 0
-        self._lock = threading.Condition()
-        self._waiting: deque[RequestHandle] = deque()
         self._running: list[_Running] = []
-        self._updates: deque[tuple[dict, Future]] = deque()
-        self._arrivals = 0
-        self._closed = False
         self.counters = {"steps": 0, "admitted": 0, "generated_tokens": 0, "prefix_cache_hits": 0}
         self._thread = threading.Thread(target=self._loop, name="rlvr-serve-batcher", daemon=True)
         self._thread.start()
@@ -106,30 +100,6 @@ class Batcher:
         return HFRows(self.model, self.pad)
 
     # -- the ServingEngine interface (any thread) -------------------------------------------------
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def ready(self) -> bool:
-        return not self._closed
-
-    def submit(self, request: GenRequest) -> RequestHandle:
-        if not request.prompt_ids:
-            raise ValueError("the prompt has no tokens")
-        if len(request.prompt_ids) + request.max_tokens > self.max_context:
-            raise ValueError(f"prompt ({len(request.prompt_ids)} tokens) + max_tokens ({request.max_tokens}) "
-                             f"exceeds the context of {self.max_context} tokens")
-        handle = RequestHandle(request)
-        with self._lock:
-            if self._closed:
-                raise NotReady("the server is shutting down")
-            if len(self._waiting) >= self.max_waiting:
-                raise QueueFull(f"{len(self._waiting)} requests are waiting (--max-waiting {self.max_waiting})")
-            self._waiting.append(handle)
-            self._lock.notify()
-        return handle
-
     def cancel(self, handle: RequestHandle) -> None:
         with self._lock:
             handle.cancelled = True
@@ -141,31 +111,7 @@ class Batcher:
                     **self.counters}
 
     def load_weights(self, model_dir: str) -> int:
-        from rlvr.model.load import load_model
-
-        params = dict(self.model.named_parameters())
-        dtype, device = next(self.model.parameters()).dtype, next(self.model.parameters()).device
-        new = dict(load_model(model_dir, dtype=dtype, device="cpu").named_parameters())
-        if new.keys() != params.keys():
-            raise ValueError(f"'{model_dir}' has other parameters than the served model "
-                             f"(e.g. {sorted(new.keys() ^ params.keys())[:3]})")
-        bad = [k for k in params if new[k].shape != params[k].shape]
-        if bad:
-            raise ValueError(f"'{model_dir}': parameter {bad[0]} has shape {tuple(new[bad[0]].shape)}, "
-                             f"the served model {tuple(params[bad[0]].shape)}")
-        done: Future = Future()
-        with self._lock:
-            if self._closed:
-                raise NotReady("the server is shutting down")
-            self._updates.append(({k: v.detach().to(device) for k, v in new.items()}, done))
-            self._lock.notify()
-        return done.result()
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._lock.notify()
-        self._thread.join(timeout=30)
+        return self._queue_update(self.model, model_dir)
 
     # -- the scheduler thread ----------------------------------------------------------------------
     def _loop(self) -> None:

@@ -47,14 +47,15 @@ from rlvr.rollout.decoder import unsupported_reason
 from rlvr.rollout.engine import SamplingParams, model_stop_ids
 from rlvr.rollout.prefix_cache import PrefixCache
 from rlvr.rollout.speculative import SpecStats, check_pair, speculative_generate
+from rlvr.serve.intake import Intake
 from rlvr.serve.sampling import request_generator
-from rlvr.serve.types import GenRequest, NotReady, QueueFull, RequestHandle, TokenEvent
+from rlvr.serve.types import GenRequest, NotReady, RequestHandle, TokenEvent
 
 QUANTIZE = (None, "int8")
 log = logging.getLogger(__name__)
 
 
-class FastEngine:
+class FastEngine(Intake):
     """Prefix cache + speculative decoding (+ int8) behind the ``ServingEngine`` protocol
     (module docstring). ``draft``: a model with the target's tokenizer, or None (no speculation);
     ``spec_tokens``: draft tokens per round (``K``)."""
@@ -73,8 +74,8 @@ class FastEngine:
             draft = draft.eval()
         self.target = quantize_int8(model) if quantize == "int8" else model.eval()
         self.draft, self.k, self.quantize, self.tokenizer = draft, spec_tokens, quantize, tokenizer
-        self.max_context = int(max_context or getattr(model.config, "max_position_embeddings", 2048))
-        self.max_batch, self.max_waiting, self.seed = max_batch, max_waiting, seed
+        self._open_intake(model, max_waiting, max_context)
+        self.max_batch, self.seed = max_batch, seed
         self.stop_ids = model_stop_ids(model)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
         fast_target = unsupported_reason(self.target, self.max_context) is None
@@ -83,39 +84,11 @@ class FastEngine:
         self.draft_cache = PrefixCache(prefix_cache_bytes, prefix_block) if fast_draft else None
         self.spec = SpecStats()
         self.counters = {"steps": 0, "admitted": 0, "generated_tokens": 0, "waves": 0}
-        self._version, self._arrivals, self._closed = 0, 0, False
-        self._lock = threading.Condition()
-        self._waiting: deque[RequestHandle] = deque()
         self._running: list[RequestHandle] = []
-        self._updates: deque[tuple[dict, Future]] = deque()
         self._thread = threading.Thread(target=self._loop, name="rlvr-serve-fast", daemon=True)
         self._thread.start()
 
     # -- the ServingEngine interface (any thread) -------------------------------------------------
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def ready(self) -> bool:
-        return not self._closed
-
-    def submit(self, request: GenRequest) -> RequestHandle:
-        if not request.prompt_ids:
-            raise ValueError("the prompt has no tokens")
-        if len(request.prompt_ids) + request.max_tokens > self.max_context:
-            raise ValueError(f"prompt ({len(request.prompt_ids)} tokens) + max_tokens ({request.max_tokens}) "
-                             f"exceeds the context of {self.max_context} tokens")
-        handle = RequestHandle(request)
-        with self._lock:
-            if self._closed:
-                raise NotReady("the server is shutting down")
-            if len(self._waiting) >= self.max_waiting:
-                raise QueueFull(f"{len(self._waiting)} requests are waiting (--max-waiting {self.max_waiting})")
-            self._waiting.append(handle)
-            self._lock.notify()
-        return handle
-
     def cancel(self, handle: RequestHandle) -> None:
         handle.cancelled = True  # a waiting one ends when taken, a running one at its next round
 
@@ -130,27 +103,9 @@ class FastEngine:
                     "spec_acceptance_rate": round(self.spec.acceptance_rate, 4)}
 
     def load_weights(self, model_dir: str) -> int:
-        from rlvr.model.load import load_model
-
         if self.quantize is not None:
             raise ValueError("load_weights is not supported on an int8-quantised target (--quantize int8)")
-        params = dict(self.target.named_parameters())
-        new = dict(load_model(model_dir, dtype=next(self.target.parameters()).dtype, device="cpu").named_parameters())
-        if new.keys() != params.keys() or any(new[k].shape != params[k].shape for k in params):
-            raise ValueError(f"'{model_dir}' does not have the served model's parameters and shapes")
-        done: Future = Future()
-        with self._lock:
-            if self._closed:
-                raise NotReady("the server is shutting down")
-            self._updates.append((new, done))
-            self._lock.notify()
-        return done.result()
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._lock.notify()
-        self._thread.join(timeout=30)
+        return self._queue_update(self.target, model_dir)
 
     # -- the engine thread ---------------------------------------------------------------------------
     def _loop(self) -> None:
