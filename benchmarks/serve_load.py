@@ -13,6 +13,7 @@ the next side starts, so no two servers share the CPU:
 - ``continuous``: the normal mode (continuous batching, the default);
 - ``fast``: ``--fast`` (waves + prefix cache, no draft);
 - ``fast_draft``: ``--fast --draft DIR`` (speculative decoding, ``--spec-tokens`` K);
+- ``fast_ngram``: ``--fast --draft ngram`` (prompt-lookup drafts, no draft model; same K);
 - ``fast_int8``: ``--fast --quantize int8`` (Hugging Face forward, no prefix cache).
 
 Workload: held-out (eval split) math.arith + math.word task prompts as chat requests behind a
@@ -29,8 +30,8 @@ Per side: completion tokens/s (sum of ``usage.completion_tokens`` over the wall 
 requests/s, p50/p99 request latency, TTFT; the server's decode steps and prefix-cache hits from
 ``/metrics``. Sides alternate over ``--rounds`` (the order rotates), each round a fresh server;
 medians over rounds, and the ratios continuous/one_at_a_time, fast/continuous,
-fast_draft/continuous, fast_int8/continuous per round (median [min-max]). Greedy token ids are
-asserted identical across one_at_a_time, continuous, fast and fast_draft, request by request and
+fast_draft/continuous, fast_ngram/continuous, fast_int8/continuous per round (median [min-max]). Greedy token ids are
+asserted identical across one_at_a_time, continuous, fast, fast_draft and fast_ngram, request by request and
 round by round; int8 is not exact by design: its agreement with continuous is reported. Idle CPU
 is noted at the start and at the end.
 """
@@ -56,8 +57,8 @@ from common import idle_cpu, machine_note, print_table, spread, write_json
 from serve_models import SYSTEM, distil_draft, target_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-EXACT = ("one_at_a_time", "continuous", "fast", "fast_draft")
-SIDES = ("one_at_a_time", "continuous", "fast", "fast_draft", "fast_int8")
+EXACT = ("one_at_a_time", "continuous", "fast", "fast_draft", "fast_ngram")
+SIDES = ("one_at_a_time", "continuous", "fast", "fast_draft", "fast_ngram", "fast_int8")
 MODEL_NAME = "target"
 
 
@@ -66,6 +67,7 @@ def side_flags(side: str, draft: str, spec_tokens: int) -> list[str]:
             "continuous": [],
             "fast": ["--fast"],
             "fast_draft": ["--fast", "--draft", draft, "--spec-tokens", str(spec_tokens)],
+            "fast_ngram": ["--fast", "--draft", "ngram", "--spec-tokens", str(spec_tokens)],
             "fast_int8": ["--fast", "--quantize", "int8"]}[side]
 
 
@@ -296,7 +298,7 @@ def main() -> None:
         rows.append(row)
     ratios = {}
     for num, den in (("continuous", "one_at_a_time"), ("fast", "continuous"), ("fast_draft", "continuous"),
-                     ("fast_int8", "continuous"), ("fast_draft", "fast")):
+                     ("fast_ngram", "continuous"), ("fast_int8", "continuous"), ("fast_draft", "fast")):
         if num in runs and den in runs:
             per_round = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(runs[num], runs[den])]
             ratios[f"{num}/{den}"] = {"per_round": per_round, "median": statistics.median(per_round),

@@ -167,3 +167,26 @@ def test_serve_config_factory_loads_the_draft(tok, target, draft, tmp_path):
         assert [e.token_id for e in ev] == greedy_ref(target, [prompt], 5)[0]
     finally:
         engine.close()
+
+
+def test_ngram_draft_greedy_tokens_are_the_targets(tok, target):
+    from types import SimpleNamespace
+
+    from rlvr.serve.fast import from_serve_config
+
+    cfg = SimpleNamespace(draft="ngram", quantize="", spec_tokens=3, max_batch=4, max_waiting=8, max_context=0, seed=0)
+    engine = from_serve_config(cfg, target, tok)
+    try:
+        assert engine.draft is not None and engine.draft_cache is None and engine.k == 3
+        prompts = system_prompts(tok) + [tok("1 2 3 1 2 3 1 2 3 1 2")["input_ids"]]
+        ref = greedy_ref(target, prompts, 20)
+        events = run(engine, [GenRequest(p, max_tokens=20, temperature=0.0, stop_token_ids=()) for p in prompts])
+        for i, ev in enumerate(events):
+            assert [e.token_id for e in ev] == ref[i]
+        assert wait_idle(engine)
+        s = engine.stats()
+        assert s["spec_accepted"] > 0 and s["spec_proposed"] > 0
+    finally:
+        engine.close()
+    with pytest.raises(ValueError, match="ngram"):
+        FastEngine(target, tok, draft="bigram")

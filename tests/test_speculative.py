@@ -12,10 +12,12 @@ from fast_models import DRAFT, PAD, TARGET, arith_tokenizer, noisy_model
 from rlvr.model.tokenizer import train_tokenizer
 from rlvr.rollout.engine import SamplingParams, generate
 from rlvr.rollout.speculative import (
+    NgramDraft,
     SpecStats,
     accept_and_resample,
     check_pair,
     greedy_accept,
+    ngram_propose,
     residual,
     speculative_generate,
 )
@@ -182,3 +184,54 @@ def test_without_a_draft_it_decodes_the_target_alone(target, prompts):
     stats = SpecStats()
     out = speculative_generate(target, None, prompts, greedy(9), pad_token_id=PAD, stats=stats)
     assert [c.token_ids for c in out] == [c.token_ids for c in ref] and stats.proposed == 0
+
+
+def _propose_ref(ctx, k, max_ngram):
+    """Plain loop: for n = max_ngram..1, the latest start i < len - n with ctx[i:i+n] == ctx[-n:]."""
+    for n in range(max_ngram, 0, -1):
+        if n >= len(ctx):
+            continue
+        starts = [i for i in range(len(ctx) - n) if ctx[i:i + n] == ctx[-n:]]
+        if starts:
+            return ctx[starts[-1] + n:starts[-1] + n + k]
+    return []
+
+
+def test_ngram_proposal_matches_a_plain_loop():
+    assert ngram_propose([1, 2, 3, 9, 1, 2, 3], 2) == [9, 1]
+    assert ngram_propose([5, 1, 2, 7, 1, 2], 4, max_ngram=2) == [7, 1, 2]  # fewer: the context ends
+    assert ngram_propose([1, 2, 3], 4) == []  # no earlier occurrence
+    assert ngram_propose([4, 4], 3) == [4]
+    g = torch.Generator().manual_seed(0)
+    for _ in range(500):
+        ctx = torch.randint(0, 4, (int(torch.randint(0, 14, (1,), generator=g)),), generator=g).tolist()
+        for k in (0, 1, 3):
+            for mn in (1, 2, 3):
+                assert ngram_propose(ctx, k, mn) == (_propose_ref(ctx, k, mn) if k else []), (ctx, k, mn)
+
+
+@pytest.mark.parametrize("backend", ["fast", "hf"])
+@pytest.mark.parametrize("k", [2, 4])
+def test_ngram_draft_greedy_is_the_targets_greedy_decode(tok, target, prompts, backend, k):
+    rep = [tok("Compute: 3 + 4\nThe answer is 7. Compute: 3 + 4\nThe answer is 7. Compute: 3 + 4")["input_ids"],
+           tok("1 2 3 1 2 3 1 2 3 1 2")["input_ids"]]
+    ps = prompts + rep
+    T = 32
+    ref = generate(target, ps, greedy(T), pad_token_id=PAD, backend="fast")
+    for draft in ("ngram", NgramDraft(max_ngram=1)):
+        stats = SpecStats()
+        out = speculative_generate(target, draft, ps, greedy(T), k=k, pad_token_id=PAD, backend=backend, stats=stats)
+        assert [c.token_ids for c in out] == [c.token_ids for c in ref]
+        for c, r in zip(out, ref):
+            assert c.finish_reason == r.finish_reason
+            assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(r.logprobs), atol=1e-4)
+        assert stats.accepted > 0 and stats.rounds < sum(len(c.token_ids) for c in out)
+
+
+def test_ngram_draft_sampling_runs_and_respects_budgets(tok, target, prompts):
+    stats = SpecStats()
+    out = speculative_generate(target, "ngram", prompts, SamplingParams(max_new_tokens=20, temperature=0.8, top_p=0.9),
+                               k=3, pad_token_id=PAD, generator=torch.Generator().manual_seed(0), stats=stats,
+                               max_tokens=[5, 20, 1, 12])
+    assert [len(c.token_ids) <= m for c, m in zip(out, [5, 20, 1, 12])] == [True] * 4
+    assert all(c.finish_reason == "stop" or len(c.token_ids) == m for c, m in zip(out, [5, 20, 1, 12]))

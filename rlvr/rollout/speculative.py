@@ -24,6 +24,10 @@ one forward over ``k + 1`` positions, and keeps the longest prefix it agrees wit
   or the Hugging Face forward (any causal LM, e.g. an int8 ``quantize_dynamic`` model: its cache
   grows by the fed columns and the attention mask carries the holes).
 
+- Prompt lookup (``draft="ngram"``, ``NgramDraft``): no draft model; each row proposes up to ``k``
+  tokens copied from its own context after the latest earlier match of its last 1..3 tokens
+  (``ngram_propose``), the point-mass draft verified by the same rules.
+
 What it does not do: stop strings (stop token ids and ``max_new_tokens`` only), ``n > 1``
 (repeat the prompt), tree drafts, or an adaptive ``k``. Docs: docs/serve.md, "Fast mode".
 """
@@ -56,6 +60,32 @@ class SpecStats:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.proposed if self.proposed else 0.0
+
+
+def ngram_propose(context: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
+    """Prompt lookup: the ``k`` tokens (fewer where the context ends) that followed the most recent
+    earlier occurrence of the context's last ``n`` tokens, ``n`` from ``max_ngram`` down to 1; []
+    when none occurs."""
+    L = len(context)
+    if k <= 0:
+        return []
+    for n in range(min(max_ngram, L - 1), 0, -1):
+        tail = list(context[L - n:])
+        for i in range(L - n - 1, -1, -1):
+            if context[i] == tail[0] and list(context[i:i + n]) == tail:
+                return list(context[i + n:i + n + k])
+    return []
+
+
+@dataclass(frozen=True)
+class NgramDraft:
+    """A draft with no model: prompt-lookup (n-gram) proposals from each row's own context
+    (``ngram_propose``); pass it (or the string ``"ngram"``) as ``speculative_generate``'s draft."""
+
+    max_ngram: int = 3
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        return ngram_propose(context, k, self.max_ngram)
 
 
 def check_pair(target: torch.nn.Module, draft: torch.nn.Module, target_tokenizer=None, draft_tokenizer=None) -> None:
@@ -95,16 +125,20 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def accept_and_resample(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
-                        generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+                        generator: torch.Generator | None,
+                        lens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The rejection-sampling rule. ``p`` [n, k+1, V] target probabilities at each draft position
     and one past; ``q`` [n, k, V] draft probabilities; ``drafts`` [n, k] (drawn from ``q``).
     Returns (accepted [n]: how many leading drafts are kept, next [n]: the token after them, from
-    ``residual(p, q)`` at the first rejection or from ``p`` after ``k`` acceptances)."""
+    ``residual(p, q)`` at the first rejection or from ``p`` after ``k`` acceptances). ``lens`` [n]:
+    row r proposes only its first ``lens[r]`` drafts (its ``q`` past them must be zero)."""
     n, k = drafts.shape
     pd = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)
     qd = q.gather(-1, drafts[..., None]).squeeze(-1)
     u = torch.rand((n, k), generator=generator, device=generator.device if generator is not None else p.device).to(p.device)
     ok = u * qd < pd  # u < p/q, i.e. probability min(1, p/q)
+    if lens is not None:
+        ok &= torch.arange(k, device=ok.device) < lens[:, None]
     accepted = ok.long().cumprod(-1).sum(-1)
     idx = accepted[:, None, None].expand(n, 1, p.shape[-1])
     p_at = p.gather(1, idx).squeeze(1)
@@ -113,11 +147,16 @@ def accept_and_resample(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
     return accepted, draw(dist, generator)
 
 
-def greedy_accept(target_logits: torch.Tensor, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy: drafts kept while they equal the target's argmax; then the target's argmax."""
+def greedy_accept(target_logits: torch.Tensor, drafts: torch.Tensor,
+                  lens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy: drafts kept while they equal the target's argmax; then the target's argmax.
+    ``lens`` [n]: row r proposes only its first ``lens[r]`` drafts."""
     best = target_logits.argmax(-1)  # [n, k+1]
     k = drafts.shape[1]
-    accepted = (best[:, :k] == drafts).long().cumprod(-1).sum(-1)
+    ok = best[:, :k] == drafts
+    if lens is not None:
+        ok &= torch.arange(k, device=ok.device) < lens[:, None]
+    accepted = ok.long().cumprod(-1).sum(-1)
     return accepted, best.gather(1, accepted[:, None]).squeeze(1)
 
 
@@ -261,7 +300,7 @@ def _spec_state(model, backend: str, rows: int, max_len: int):
 # -- the decode loop ---------------------------------------------------------------------------------
 def speculative_generate(
     target: torch.nn.Module,
-    draft: torch.nn.Module | None,
+    draft: torch.nn.Module | NgramDraft | str | None,
     prompts: Sequence[Sequence[int]],
     params: SamplingParams,
     *,
@@ -280,7 +319,8 @@ def speculative_generate(
 ) -> list[Completion]:
     """One completion per prompt (``params.n`` must be 1), sampled from ``target`` with ``draft``
     proposing ``k`` tokens per round (module docstring); ``draft=None`` (or ``k=0``) decodes the
-    target alone, one token per forward.
+    target alone, one token per forward. ``draft="ngram"`` (or an ``NgramDraft``): prompt-lookup
+    proposals, no draft model (a row with no match proposes nothing that round).
 
     ``past`` / ``draft_past`` (fast decoder only): per prompt the model's K/V of its first tokens,
     as in ``engine.generate``; ``keep_cache`` returns with each completion the target's K/V of its
@@ -297,10 +337,13 @@ def speculative_generate(
         raise ValueError(f"k must be >= 0, got {k}")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
+    if draft == "ngram":
+        draft = NgramDraft()
     if draft is None or k == 0:
         draft, k = None, 0
-    else:
+    elif not isinstance(draft, NgramDraft):
         check_pair(target, draft)
+    dmodel = draft if isinstance(draft, torch.nn.Module) else None
     T = params.max_new_tokens
     if max_tokens is not None and (len(max_tokens) != len(prompts) or not all(1 <= m <= T for m in max_tokens)):
         raise ValueError(f"max_tokens needs one value in 1..max_new_tokens ({T}) per prompt")
@@ -308,8 +351,8 @@ def speculative_generate(
         return [Completion(i, [], [], "length") for i in range(len(prompts))]
     stats = stats if stats is not None else SpecStats()
     stop_ids = params.stop_token_ids if params.stop_token_ids is not None else model_stop_ids(target)
-    was = (target.training, (draft or target).training)
-    target.eval(), (draft or target).eval()
+    was = (target.training, (dmodel or target).training)
+    target.eval(), (dmodel or target).eval()
     try:
         with torch.inference_mode():
             spec = _Spec(target, draft, prompts, params, k, generator, pad_token_id, backend, draft_backend,
@@ -318,7 +361,7 @@ def speculative_generate(
             spec.on_tokens = on_tokens
             return spec.run(past, keep_cache, draft_past, draft_caches)
     finally:
-        (draft or target).train(was[1]), target.train(was[0])
+        (dmodel or target).train(was[1]), target.train(was[0])
 
 
 class _Spec:
@@ -329,7 +372,8 @@ class _Spec:
         n, W, T = len(prompts), max(len(p) for p in prompts), params.max_new_tokens
         max_len = W + 2 * T + 2 * (k + 1)
         self.tgt = _spec_state(target, backend, n, max_len)
-        self.dft = _spec_state(draft, draft_backend, n, max_len) if draft is not None else None
+        self.ngram = draft if isinstance(draft, NgramDraft) else None
+        self.dft = _spec_state(draft, draft_backend, n, max_len) if draft is not None and self.ngram is None else None
         self.prompts, self.params, self.k, self.gen, self.pad = prompts, params, k, generator, pad
         self.stop = set(stop_ids)
         self.stats = stats
@@ -369,15 +413,17 @@ class _Spec:
                 break
             # k shrinks near the end of the longest budget left (rows with less room just cut)
             room = max(self.budget[r] - len(self.out_tokens[r]) for r in present)
-            accepted, nxt, toks, lps = self._round(pend, min(self.k, room - 1))
+            accepted, nxt, toks, lps = self._round(pend, min(self.k, room - 1), present)
             alive = self._record(present, toks, lps, accepted + 1)
             pend = nxt
         return [Completion(r, self.out_tokens[r], self.out_lps[r], "stop" if self.stopped[r] else "length",
                            cache=self.caches[r]) for r in range(len(self.prompts))]
 
-    def _round(self, pend: torch.Tensor, k: int):
+    def _round(self, pend: torch.Tensor, k: int, present: list[int]):
         """Draft k tokens, verify them with one target forward, roll both caches back to the kept
         ones. Returns (accepted [n], next token [n], emitted tokens [n, k+1], their logprobs)."""
+        if self.ngram is not None:
+            return self._ngram_round(pend, k, present)
         n = pend.shape[0]
         drafts, qs = [], []
         self.tgt.reserve(k + 1)
@@ -408,6 +454,32 @@ class _Spec:
         lps = tl.log_softmax(-1).gather(-1, toks[..., None]).squeeze(-1)
         self.stats.rounds += 1
         self.stats.proposed += k * n
+        self.stats.accepted += int(accepted.sum())
+        return accepted, nxt, toks, lps
+
+    def _ngram_round(self, pend: torch.Tensor, k: int, present: list[int]):
+        """``_round`` with prompt-lookup proposals: row r's context is its prompt and tokens so far
+        (ending with ``pend``); rows propose 0..k tokens, padded to the longest, the padding never
+        accepted. No draft model to run or roll back."""
+        n = pend.shape[0]
+        props = [self.ngram.propose(list(self.prompts[r]) + self.out_tokens[r], k) for r in present]
+        m = max(map(len, props), default=0)
+        lens = torch.tensor([len(p) for p in props], device=pend.device)
+        d = torch.tensor([p + [0] * (m - len(p)) for p in props], dtype=pend.dtype, device=pend.device).reshape(n, m)
+        self.tgt.reserve(m + 1)
+        tstart = self.tgt.col
+        tl = self.tgt.extend(torch.cat([pend[:, None], d], 1))  # [n, m+1, V]
+        if self.params.temperature == 0:
+            accepted, nxt = greedy_accept(tl, d, lens)
+        else:  # the draft's distribution is a point mass on its token (zero past the row's proposal)
+            p = sampling_probs(tl, self.params.temperature, self.params.top_p)
+            q = F.one_hot(d, p.shape[-1]).to(p.dtype) * (torch.arange(m, device=d.device) < lens[:, None])[..., None]
+            accepted, nxt = accept_and_resample(p, q, d, self.gen, lens)
+        self.tgt.truncate(tstart, accepted + 1)
+        toks = torch.cat([d, torch.zeros_like(pend[:, None])], 1).scatter_(1, accepted[:, None], nxt[:, None])
+        lps = tl.log_softmax(-1).gather(-1, toks[..., None]).squeeze(-1)
+        self.stats.rounds += 1
+        self.stats.proposed += int(lens.sum())
         self.stats.accepted += int(accepted.sum())
         return accepted, nxt, toks, lps
 

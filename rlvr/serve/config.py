@@ -54,7 +54,7 @@ class ServeConfig:
     fast: bool = False
     """Serve with the fast mode's engine (rlvr/serve/fast.py: prefix cache, speculative decoding, int8) instead of the batcher."""
     draft: str = ""
-    """--fast: draft model directory (the target's tokenizer); empty: no speculative decoding, prefix cache only."""
+    """--fast: draft model directory (the target's tokenizer), or "ngram": prompt-lookup drafts (the k tokens that followed the latest earlier match of the last 1-3 tokens in the request's own context; no draft model); empty: no speculative decoding, prefix cache only."""
     spec_tokens: int = 4
     """--fast with --draft: draft tokens proposed per round."""
     quantize: str = ""

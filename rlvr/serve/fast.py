@@ -1,6 +1,6 @@
 """The fast mode of ``rlvr serve`` (``--fast``): a ``ServingEngine`` with a prefix cache across
 requests, speculative decoding with a small draft model (``--draft DIR``, ``--spec-tokens K``)
-and, optionally, an int8 target (``--quantize int8``).
+or with prompt-lookup proposals and no draft model (``--draft ngram``), and, optionally, an int8 target (``--quantize int8``).
 
 Scheduling: batches ("waves"). The engine thread takes up to ``max_batch`` waiting requests that
 sample alike (same temperature, top-p and stop ids, in arrival order) and decodes them together
@@ -46,7 +46,12 @@ from rlvr.model.quantize import quantize_int8
 from rlvr.rollout.decoder import unsupported_reason
 from rlvr.rollout.engine import SamplingParams, model_stop_ids
 from rlvr.rollout.prefix_cache import PrefixCache
-from rlvr.rollout.speculative import SpecStats, check_pair, speculative_generate
+from rlvr.rollout.speculative import (
+    NgramDraft,
+    SpecStats,
+    check_pair,
+    speculative_generate,
+)
 from rlvr.serve.intake import Intake
 from rlvr.serve.sampling import request_generator
 from rlvr.serve.types import GenRequest, NotReady, RequestHandle, TokenEvent
@@ -57,10 +62,11 @@ log = logging.getLogger(__name__)
 
 class FastEngine(Intake):
     """Prefix cache + speculative decoding (+ int8) behind the ``ServingEngine`` protocol
-    (module docstring). ``draft``: a model with the target's tokenizer, or None (no speculation);
+    (module docstring). ``draft``: a model with the target's tokenizer, ``"ngram"`` / an
+    ``NgramDraft`` (prompt lookup, no model), or None (no speculation);
     ``spec_tokens``: draft tokens per round (``K``)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, *, draft: torch.nn.Module | None = None,
+    def __init__(self, model: torch.nn.Module, tokenizer, *, draft: torch.nn.Module | NgramDraft | str | None = None,
                  spec_tokens: int = 4, quantize: str | None = None, prefix_cache_bytes: int = 256 << 20,
                  prefix_block: int = 16, max_batch: int = 16, max_waiting: int = 64,
                  max_context: int | None = None, seed: int = 0):
@@ -69,9 +75,13 @@ class FastEngine(Intake):
         if spec_tokens < 0 or max_batch < 1 or max_waiting < 0:
             raise ValueError(f"--spec-tokens must be >= 0, --max-batch >= 1, --max-waiting >= 0 "
                              f"(got {spec_tokens}, {max_batch}, {max_waiting})")
-        if draft is not None:
+        if draft == "ngram":
+            draft = NgramDraft()
+        if isinstance(draft, torch.nn.Module):
             check_pair(model, draft)
             draft = draft.eval()
+        elif draft is not None and not isinstance(draft, NgramDraft):
+            raise ValueError(f"draft must be a model, 'ngram' or None, got {draft!r}")
         self.target = quantize_int8(model) if quantize == "int8" else model.eval()
         self.draft, self.k, self.quantize, self.tokenizer = draft, spec_tokens, quantize, tokenizer
         self._open_intake(model, max_waiting, max_context)
@@ -80,7 +90,7 @@ class FastEngine(Intake):
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
         fast_target = unsupported_reason(self.target, self.max_context) is None
         self.cache = PrefixCache(prefix_cache_bytes, prefix_block) if fast_target else None
-        fast_draft = draft is not None and unsupported_reason(draft, self.max_context) is None
+        fast_draft = isinstance(draft, torch.nn.Module) and unsupported_reason(draft, self.max_context) is None
         self.draft_cache = PrefixCache(prefix_cache_bytes, prefix_block) if fast_draft else None
         self.spec = SpecStats()
         self.counters = {"steps": 0, "admitted": 0, "generated_tokens": 0, "waves": 0}
@@ -248,6 +258,9 @@ def load_fast_engine(model_dir: str, *, draft_dir: str | None = None, quantize: 
     from rlvr.model.load import load_model
 
     model = load_model(model_dir, dtype=torch.float32, device="cpu")
+    if draft_dir == "ngram":
+        return FastEngine(model, AutoTokenizer.from_pretrained(model_dir), draft="ngram", quantize=quantize,
+                          spec_tokens=spec_tokens, **kwargs)
     draft = load_model(draft_dir, dtype=torch.float32, device="cpu") if draft_dir else None
     tok = AutoTokenizer.from_pretrained(model_dir)
     if draft_dir:
@@ -257,7 +270,7 @@ def load_fast_engine(model_dir: str, *, draft_dir: str | None = None, quantize: 
 
 def from_serve_config(cfg, model: torch.nn.Module, tokenizer) -> FastEngine:
     """The ``ENGINES`` factory of ``rlvr serve --fast`` (``rlvr/serve/config.py``): ``cfg.draft``
-    (a directory, "" for none), ``cfg.quantize`` ("" or "int8"), ``cfg.spec_tokens`` and the
+    (a directory, "ngram" for prompt lookup, "" for none), ``cfg.quantize`` ("" or "int8"), ``cfg.spec_tokens`` and the
     normal mode's bounds. The draft loads on the target's device and dtype."""
     from transformers import AutoTokenizer
 
@@ -265,7 +278,9 @@ def from_serve_config(cfg, model: torch.nn.Module, tokenizer) -> FastEngine:
 
     p = next(model.parameters())
     draft = None
-    if cfg.draft:
+    if cfg.draft == "ngram":
+        draft = "ngram"
+    elif cfg.draft:
         draft = load_model(cfg.draft, dtype=p.dtype, device=p.device)
         check_pair(model, draft, tokenizer, AutoTokenizer.from_pretrained(cfg.draft))
     return FastEngine(model, tokenizer, draft=draft, spec_tokens=cfg.spec_tokens, quantize=cfg.quantize or None,
