@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 from common import bench_tokenizer, print_table, write_json
-from gpu_step import device_note, prompts_of, sync
+from gpu_step import alternate, device_note, prompts_of
 
 SHAPES = {
     "llama1b": ("llama", dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
@@ -160,16 +160,8 @@ def measure_engines(model_dir: Path, tokenizer, a, device) -> tuple[list[dict], 
     sides, why_not = engine_sides(model, tokenizer, prompts, a.samples, a.new_tokens, model_dir)
     for run in sides.values():  # warm-up: allocator, CUDA graphs, vLLM's compile
         run(0)
-    times: dict[str, list[float]] = {n: [] for n in sides}
-    last: dict[str, tuple] = {}
+    times, last = alternate(sides, a.rounds, device)
     names = list(sides)
-    for r in range(a.rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            sync(device)
-            t0 = time.perf_counter()
-            last[name] = sides[name](r + 1)
-            sync(device)
-            times[name].append(time.perf_counter() - t0)
     base = last["hf_generate"][0] / statistics.median(times["hf_generate"])
     rows = []
     for name in names:

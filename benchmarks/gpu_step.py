@@ -116,21 +116,29 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def alternate(sides: dict, rounds: int, device: torch.device) -> tuple[dict[str, list[float]], dict]:
+    """Each side ``run(seed)`` once per round, the order rotated each round, the GPU synchronised
+    around each: (seconds per side, each side's last result)."""
+    times: dict[str, list[float]] = {n: [] for n in sides}
+    last: dict = {}
+    names = list(sides)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            sync(device)
+            t0 = time.perf_counter()
+            last[name] = sides[name](r + 1)
+            sync(device)
+            times[name].append(time.perf_counter() - t0)
+    return times, last
+
+
 def measure_rollout(model, tokenizer, a, device) -> tuple[list[dict], dict]:
     sides = rollout_sides(model, tokenizer, prompts_of(tokenizer, a.prompts), a.samples, a.new_tokens)
     for run in sides.values():  # warm-up: allocator, CUDA graph capture
         run(0)
     rates = [bf16_rate(device)]
-    times: dict[str, list[float]] = {n: [] for n in sides}
-    tokens = {}
+    times, tokens = alternate(sides, a.rounds, device)
     names = list(sides)
-    for r in range(a.rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            sync(device)
-            t0 = time.perf_counter()
-            tokens[name] = sides[name](r + 1)
-            sync(device)
-            times[name].append(time.perf_counter() - t0)
     rates.append(bf16_rate(device))
     rate = statistics.median(rates)
     flops = model_flops_per_token(model)
