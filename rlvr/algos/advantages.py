@@ -1,4 +1,4 @@
-"""Group-relative advantage estimators: one scalar advantage per sample from its group's rewards.
+"""Advantage estimators: one scalar advantage per sample from its group's (or the batch's) rewards.
 
 A group is the G samples drawn for one task; ``group_ids[i]`` names the group of sample ``i``.
 Ids are arbitrary integers: groups need not be contiguous, sorted or of equal size. Every
@@ -8,7 +8,10 @@ estimator is vectorised over groups (``torch.unique`` + ``index_add_``) and regi
     fn(rewards: Tensor[N] float, group_ids: Tensor[N] long, *, eps: float = 1e-6) -> Tensor[N]
 
 Estimators that do not use ``eps`` accept and ignore it, so callers never branch on the name.
-A sample in a group of size 1 gets advantage 0 from every estimator (it has no baseline).
+A sample in a group of size 1 gets advantage 0 from every estimator with a group baseline (it
+has no baseline); ``reinforce_pp`` has none (``WITHOUT_GROUP_BASELINE``). The estimators in
+``BATCH_NORMALISED`` use statistics of the whole batch they are given, so a sample's advantage
+also depends on the other groups' rewards.
 
 This module does not broadcast advantages to tokens, drop zero-variance groups or touch the
 batch: ``group_has_variance`` returns the mask, and the trainer (``rlvr/train/grpo.py:
@@ -27,6 +30,11 @@ from rlvr.registry import Registry
 
 AdvantageFn = Callable[..., Tensor]
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
+
+BATCH_NORMALISED: frozenset[str] = frozenset({"reinforce_pp", "reinforce_pp_baseline"})
+"""Estimators normalised over the whole batch: groups are not independent under them."""
+WITHOUT_GROUP_BASELINE: frozenset[str] = frozenset({"reinforce_pp"})
+"""Estimators with no per-group baseline: singletons and constant groups get non-zero advantages."""
 
 
 def _group_index(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, int]:
@@ -97,6 +105,70 @@ def rloo(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Tensor:
     n = counts[index].to(rewards.dtype)
     baseline = (group_sum - rewards) / (n - 1).clamp(min=1)
     return torch.where(n > 1, rewards - baseline, torch.zeros_like(rewards))
+
+
+def _batch_whiten(centred: Tensor, eps: float) -> Tensor:
+    """centred / (std_batch + eps), std the sample std (divisor N - 1) of ``centred`` about its
+    batch mean; 0 where the std is 0 (an all-equal batch, or N = 1), never nan (even at eps 0).
+    Returns float64: callers cast back to the rewards' dtype."""
+    n = centred.numel()
+    if n == 0:
+        return centred.clone()
+    c = centred.double()  # batch sums in float64: the result does not depend on the sample order
+    dev = c - c.mean()
+    std = ((dev * dev).sum() / max(n - 1, 1)).sqrt()
+    return torch.where(std > 0, c / (std + eps), torch.zeros_like(c))
+
+
+@ADVANTAGES.register("reinforce_pp")
+def reinforce_pp(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Tensor:
+    """REINFORCE++: A_i = (r_i - mean_batch r) / (std_batch r + eps), no per-group baseline.
+
+    Hu 2025, "REINFORCE++: An Efficient RLHF Algorithm with Robustness to Both Prompt and Reward
+    Models" (arXiv 2501.03262), Sec. 3, advantage normalisation: A_norm = (A - mu_batch) /
+    sigma_batch over the global batch, with A the (gamma = 1) return of the outcome reward. The
+    paper's return also carries a token-level KL penalty, -beta * sum_t KL_t; rlvr applies it at
+    sequence level with ``algo.kl_in_reward`` (the trainer subtracts beta * sum_t kl_t from r
+    before calling the estimator). Statistics are over the samples (each sequence once; verl and
+    OpenRLHF whiten over tokens, weighting long sequences more) with the sample std (divisor
+    N - 1, as verl's ``masked_whiten``). They are over the whole batch passed in: the trainer
+    (``rlvr/train/grpo.py: compute_advantages``) drops zero-variance groups *after* this call, so
+    their rewards count in the mean and std, as in verl (statistics over the rollout batch).
+    ``group_ids`` only checks the shapes. An all-equal batch gives 0 everywhere (not nan).
+
+    rewards [N] float, group_ids [N] long -> advantages [N] (dtype of rewards).
+    """
+    _group_index(rewards, group_ids)
+    if rewards.numel() and bool(rewards.max() == rewards.min()):
+        return torch.zeros_like(rewards)
+    return _batch_whiten(rewards.double() - rewards.double().mean(), eps).to(rewards.dtype)
+
+
+@ADVANTAGES.register("reinforce_pp_baseline")
+def reinforce_pp_baseline(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Tensor:
+    """REINFORCE++-baseline: A_i = r_i - mean_g r, then A_i / (std_batch A + eps).
+
+    Hu 2025 (arXiv 2501.03262), REINFORCE++-baseline for groups of samples per prompt: the group
+    mean reward is the baseline, A'_i = r_i - mean_g r, then normalised over the global batch,
+    A_i = (A'_i - mean_batch A') / (std_batch A' + eps) (verl
+    ``compute_reinforce_plus_plus_baseline_outcome_advantage``, OpenRLHF ``reinforce_baseline``).
+    Each group's A' sums to 0, so over samples mean_batch A' = 0 exactly and the normalisation
+    is a division by the batch std; verl and OpenRLHF whiten over *tokens*, where the mean is a
+    length-weighted one and not 0: rlvr's estimators are sequence-level and weigh each sample
+    once. std: the sample std (divisor N - 1) about the batch mean, as verl's ``masked_whiten``.
+    A group of size 1 has no baseline (verl uses a baseline of 0 there, A' = r): its advantage
+    is 0 here, as under every group-relative estimator; a constant group also gets exactly 0.
+    Statistics are over the whole batch passed in, zero-variance groups included (the trainer
+    drops them after this call, as verl). An all-equal batch gives 0 everywhere (not nan).
+
+    rewards [N] float, group_ids [N] long -> advantages [N] (dtype of rewards).
+    """
+    index, counts, num_groups = _group_index(rewards, group_ids)
+    centred = rewards - _group_mean(rewards, index, counts, num_groups)
+    # Exact zeros for constant groups (their mean can round off r by an ulp, which the batch
+    # std would blow up when every group is constant).
+    centred = torch.where(group_has_variance(rewards, group_ids), centred, torch.zeros_like(centred))
+    return _batch_whiten(centred, eps).to(rewards.dtype)
 
 
 def group_has_variance(rewards: Tensor, group_ids: Tensor) -> Tensor:
