@@ -1,0 +1,205 @@
+"""The learned critic of PPO (``algo.advantage: gae``): a value model, its optimizer, its update.
+
+The value model is transformers' own ``AutoModelForTokenClassification`` with one label: the
+start model's decoder (its language-model head dropped) and a fresh linear score head giving one
+scalar per position. Its dropout before the head is set to 0 (``classifier_dropout``), so the
+values of a forward do not depend on the random state and ``values`` in eval mode equal the
+values the update starts from. A family transformers has no token-classification class for
+(e.g. Gemma 3's text model) is refused with a ``UserError`` naming the directory.
+
+Alignment: ``values[b, t]`` is the value of the state before token t, read from the hidden state
+at position t - 1 (the one that predicts token t), so it lines up with ``logprobs[b, t]`` and
+``loss_mask[b, t]``; position 0 and padding are 0. The math (GAE, the clipped value loss) is in
+``rlvr.algos.gae``; the trainer (``rlvr.train.grpo``) decides when values and updates happen.
+
+Checkpoints: ``save(dir)`` writes a Hugging Face directory (the value model's weights and config)
+and ``critic_state.pt`` (optimizer and schedule), ``load(dir)`` restores both; the trainer writes
+it as ``<checkpoint>/critic/`` inside the policy's atomic checkpoint.
+
+Not here: packing (the critic's forward is the plain padded one), LoRA critics, data parallel.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import transformers
+from transformers import AutoConfig, AutoModelForTokenClassification
+
+from rlvr.algos.gae import explained_variance, value_loss
+from rlvr.config import check_range
+from rlvr.errors import UserError
+from rlvr.model.load import ModelLoadConfig, _check_model_dir, _check_remote_code, dtype_kwarg, resolve_dtype
+from rlvr.rollout.engine import precision_autocast
+from rlvr.train.common import OptimConfig, build_optimizer, clip_and_step
+
+CRITIC_STATE = "critic_state.pt"
+
+
+@dataclass
+class CriticConfig:
+    """The value model of PPO with a learned critic (config key ``critic``; used only with
+    ``algo.advantage: gae``)."""
+
+    model: str = ""
+    """Hugging Face model directory the value model starts from (its decoder; a fresh scalar head).
+    Empty: the policy's start model (``model``)."""
+    lr: float = 1e-4
+    """Peak learning rate of the critic's own AdamW."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay of the critic."""
+    warmup_steps: int = 0
+    """Linear warm-up of the critic's learning rate, in critic optimizer steps (constant after)."""
+    grad_clip: float = 1.0
+    """Clip the critic's global gradient norm to this (0 disables)."""
+    gamma: float = 1.0
+    """GAE discount per policy token (1.0: undiscounted, the usual choice for outcome rewards)."""
+    lam: float = 0.95
+    """GAE lambda: 0 is one-step TD (low variance, biased by the critic), 1 is Monte Carlo."""
+    value_clip: float = 0.2
+    """Clip range of the value loss around the values before the update (0 disables)."""
+    whiten_advantages: bool = True
+    """Normalise the token advantages to mean 0, std 1 over the batch's policy tokens."""
+    epochs: int = 1
+    """Passes of the critic over each rollout batch (mini/micro-batches as ``algo.minibatch_size``,
+    ``algo.microbatch_size``)."""
+
+    def __post_init__(self) -> None:
+        check_range("critic.lr", self.lr, 0.0)
+        check_range("critic.weight_decay", self.weight_decay, 0.0)
+        check_range("critic.warmup_steps", self.warmup_steps, 0)
+        check_range("critic.grad_clip", self.grad_clip, 0.0)
+        check_range("critic.gamma", self.gamma, 0.0, 1.0)
+        check_range("critic.lam", self.lam, 0.0, 1.0)
+        check_range("critic.value_clip", self.value_clip, 0.0)
+        check_range("critic.epochs", self.epochs, 1)
+
+    def optim(self) -> OptimConfig:
+        return OptimConfig(lr=self.lr, weight_decay=self.weight_decay, warmup_steps=self.warmup_steps,
+                           grad_clip=self.grad_clip)
+
+
+def load_value_model(path: str | Path, *, device, options: ModelLoadConfig | None = None) -> torch.nn.Module:
+    """A causal-LM (or saved value-model) directory as a one-label token-classification model:
+    the decoder's weights loaded, the score head fresh unless the directory has one."""
+    p = _check_model_dir(path)
+    kwargs = {dtype_kwarg(): resolve_dtype(p, options, None), "local_files_only": True}
+    if _check_remote_code(p, options):
+        kwargs["trust_remote_code"] = True
+    try:
+        config = AutoConfig.from_pretrained(p, **{k: v for k, v in kwargs.items() if k != dtype_kwarg()})
+        config.num_labels = 1
+        config.classifier_dropout = 0.0
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()  # "score newly initialized" is the point here
+        try:
+            model = AutoModelForTokenClassification.from_pretrained(p, config=config, **kwargs)
+        finally:
+            transformers.logging.set_verbosity(verbosity)
+    except Exception as e:  # an architecture without a token-classification class, bad weights
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise UserError(f"could not load a value model (AutoModelForTokenClassification) from '{p}' "
+                        f"(config key critic.model): {first}") from e
+    return model.to(device)
+
+
+def value_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] float32 values aligned with the tokens: out[b, t] = head(hidden[b, t - 1]);
+    position 0 and padded positions 0."""
+    scores = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[..., 0].float()
+    return F.pad(scores[:, :-1], (1, 0)) * attention_mask.to(torch.float32)
+
+
+def _rows(rows: torch.Tensor, attention_mask: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """``tensors`` [B, T] at ``rows``, trimmed to the longest of those rows."""
+    width = max(1, int(attention_mask[rows].sum(dim=1).max()))
+    return [t[rows, :width] for t in tensors]
+
+
+class Critic:
+    """The value model with its AdamW and schedule; ``values`` before the advantages, ``update``
+    after them, ``save``/``load`` with the policy's checkpoints."""
+
+    def __init__(self, model: torch.nn.Module, cfg: CriticConfig, total_steps: int, precision: str = "model") -> None:
+        self.model, self.cfg, self.precision = model, cfg, precision
+        self.optimizer, self.scheduler = build_optimizer(model, cfg.optim(), total_steps)
+
+    @classmethod
+    def build(cls, cfg: CriticConfig, policy_model: str, *, device, total_steps: int,
+              options: ModelLoadConfig | None = None, precision: str = "model") -> "Critic":
+        """A fresh critic from ``cfg.model`` (or ``policy_model`` when that is empty)."""
+        model = load_value_model(cfg.model or policy_model, device=device, options=options)
+        return cls(model, cfg, total_steps, precision)
+
+    def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        with precision_autocast(self.model, self.precision):
+            return value_forward(self.model, input_ids, attention_mask)
+
+    @torch.no_grad()
+    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, microbatch_size: int) -> torch.Tensor:
+        """[B, T] values of the batch's states, in eval mode, ``microbatch_size`` rows at a time."""
+        self.model.eval()
+        out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+        for rows in torch.arange(input_ids.shape[0], device=input_ids.device).split(microbatch_size):
+            ids, mask = _rows(rows, attention_mask, input_ids, attention_mask)
+            out[rows, : ids.shape[1]] = self._forward(ids, mask)
+        return out
+
+    def update(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
+               returns: torch.Tensor, old_values: torch.Tensor, generator: torch.Generator, *,
+               minibatch_size: int, microbatch_size: int) -> dict[str, float]:
+        """``cfg.epochs`` passes of the clipped value loss towards ``returns`` (all [B, T]; values
+        clipped around ``old_values``, the values the advantages were computed from), one
+        optimizer step per mini-batch (0: the whole batch), micro-batched. Metrics under
+        ``critic/``: value_loss, value_clip_frac, grad_norm (means over optimizer steps), lr, and
+        of the batch before the update: value_mean, returns_mean, explained_variance."""
+        n = input_ids.shape[0]
+        mb = minibatch_size or n
+        self.model.train()
+        sums: dict[str, list[float]] = defaultdict(list)
+        for _ in range(self.cfg.epochs):
+            order = torch.randperm(n, generator=generator).to(input_ids.device)
+            for start in range(0, n, mb):
+                mini = order[start: start + mb]
+                num_tokens = float((loss_mask[mini] > 0).sum())
+                step = defaultdict(float)
+                for rows in mini.split(microbatch_size):
+                    ids, mask, lm, ret, old = _rows(rows, attention_mask, input_ids, attention_mask, loss_mask,
+                                                    returns, old_values)
+                    loss, metrics = value_loss(self._forward(ids, mask), old, ret, lm, clip=self.cfg.value_clip,
+                                               num_tokens=max(num_tokens, 1.0))
+                    loss.backward()
+                    share = float((lm > 0).sum()) / max(num_tokens, 1.0)
+                    step["value_loss"] += float(loss.detach())
+                    step["value_clip_frac"] += metrics["value_clip_frac"] * share
+                for k, v in step.items():
+                    sums[k].append(v)
+                sums["grad_norm"].append(clip_and_step(self.model, self.optimizer, self.scheduler, self.cfg.grad_clip))
+        on = loss_mask > 0
+        out = {f"critic/{k}": sum(v) / len(v) for k, v in sums.items()}
+        out["critic/lr"] = self.scheduler.get_last_lr()[0]
+        out["critic/value_mean"] = float(old_values[on].mean()) if on.any() else 0.0
+        out["critic/returns_mean"] = float(returns[on].mean()) if on.any() else 0.0
+        out["critic/explained_variance"] = explained_variance(old_values, returns, loss_mask)
+        return out
+
+    def save(self, directory: str | Path) -> None:
+        """The value model as a Hugging Face directory plus ``critic_state.pt`` (optimizer, schedule)."""
+        directory = Path(directory)
+        self.model.save_pretrained(directory, safe_serialization=True)
+        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                   directory / CRITIC_STATE)
+
+    @classmethod
+    def load(cls, directory: str | Path, cfg: CriticConfig, *, device, total_steps: int,
+             options: ModelLoadConfig | None = None, precision: str = "model") -> "Critic":
+        """A critic as ``save`` wrote it: the value model, its optimizer and schedule state."""
+        critic = cls(load_value_model(directory, device=device, options=options), cfg, total_steps, precision)
+        state = torch.load(Path(directory) / CRITIC_STATE, map_location="cpu", weights_only=False)
+        critic.optimizer.load_state_dict(state["optimizer"])
+        critic.scheduler.load_state_dict(state["scheduler"])
+        return critic

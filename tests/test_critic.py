@@ -1,0 +1,107 @@
+"""rlvr.train.critic on the tiny Llama: values aligned with the tokens, the value loss falls as
+the critic fits fixed returns, save/load gives the same values and the same next update."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlvr.errors import ConfigError, UserError
+from rlvr.train.critic import Critic, CriticConfig, load_value_model
+
+
+def _batch(vocab: int):
+    """3 right-padded rows with a prompt, policy tokens, an environment gap, padding."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, vocab, (3, 12), generator=g)
+    attn = torch.tensor([[1] * 12, [1] * 9 + [0] * 3, [1] * 6 + [0] * 6])
+    loss_mask = torch.zeros(3, 12)
+    loss_mask[0, 4:8] = 1
+    loss_mask[0, 10:12] = 1  # tokens 8-9 are an environment turn
+    loss_mask[1, 3:9] = 1
+    loss_mask[2, 2:6] = 1
+    returns = torch.where(loss_mask > 0, torch.tensor([[1.0], [-0.5], [0.25]]).expand(3, 12), 0.0)
+    return ids, attn, loss_mask, returns
+
+
+@pytest.fixture()
+def critic(tiny_model_dir):
+    torch.manual_seed(0)
+    return Critic.build(CriticConfig(lr=3e-3), tiny_model_dir, device="cpu", total_steps=100)
+
+
+def test_value_model_is_the_policy_decoder_with_a_scalar_head(tiny_model_dir, critic):
+    from rlvr.model.load import load_model
+
+    policy = load_model(tiny_model_dir)
+    critic_emb = critic.model.base_model.get_input_embeddings().weight
+    assert torch.equal(critic_emb, policy.get_input_embeddings().weight)
+    assert critic.model.config.num_labels == 1
+    ids, attn, _, _ = _batch(policy.config.vocab_size)
+    v = critic.values(ids, attn, microbatch_size=2)
+    # value of the state before token t = head(hidden at t - 1); position 0 and padding are 0
+    hidden = critic.model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state
+    want = critic.model.score(hidden)[..., 0]
+    torch.testing.assert_close(v[:, 1:], (want[:, :-1] * attn[:, 1:]).detach())
+    assert (v[:, 0] == 0).all() and (v[attn == 0] == 0).all()
+    # micro-batching and trimming do not change the values
+    torch.testing.assert_close(v, critic.values(ids, attn, microbatch_size=3))
+
+
+def test_critic_fits_returns(critic, tiny_model_dir):
+    torch.set_num_threads(1)
+    vocab = critic.model.config.vocab_size
+    ids, attn, lm, ret = _batch(vocab)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(15):
+        old = critic.values(ids, attn, microbatch_size=3)
+        m = critic.update(ids, attn, lm, ret, old, g, minibatch_size=0, microbatch_size=2)
+        losses.append(m["critic/value_loss"])
+    assert losses[-1] < 0.3 * losses[0], losses
+    assert set(m) >= {"critic/value_loss", "critic/value_clip_frac", "critic/grad_norm", "critic/lr",
+                      "critic/value_mean", "critic/returns_mean", "critic/explained_variance"}
+    assert m["critic/explained_variance"] > 0.5
+
+
+def _state(critic: Critic) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in critic.model.state_dict().items()}
+
+
+def test_save_load_round_trip_gives_same_values_and_same_next_update(critic, tmp_path, tiny_model_dir):
+    torch.set_num_threads(1)
+    ids, attn, lm, ret = _batch(critic.model.config.vocab_size)
+    g = torch.Generator().manual_seed(2)
+    old = critic.values(ids, attn, microbatch_size=3)
+    critic.update(ids, attn, lm, ret, old, g, minibatch_size=2, microbatch_size=1)  # optimizer state exists
+    critic.save(tmp_path / "critic")
+    cfg = CriticConfig(lr=3e-3)
+    other = Critic.load(tmp_path / "critic", cfg, device="cpu", total_steps=100)
+    before = critic.values(ids, attn, microbatch_size=3)
+    assert torch.equal(before, other.values(ids, attn, microbatch_size=3))
+
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    m1 = critic.update(ids, attn, lm, ret, before, g1, minibatch_size=2, microbatch_size=1)
+    m2 = other.update(ids, attn, lm, ret, before, g2, minibatch_size=2, microbatch_size=1)
+    assert m1 == m2
+    a, b = _state(critic), _state(other)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # a fresh critic (new optimizer, new head) would not have matched: the state matters
+    fresh = Critic.load(tmp_path / "critic", cfg, device="cpu", total_steps=100)
+    fresh.optimizer = torch.optim.AdamW(fresh.model.parameters(), lr=3e-3)
+    fresh.update(ids, attn, lm, ret, before, torch.Generator().manual_seed(3), minibatch_size=2, microbatch_size=1)
+    c = _state(fresh)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+@pytest.mark.parametrize("key,value", [("lr", -1.0), ("gamma", 1.5), ("lam", -0.1), ("value_clip", -0.2),
+                                       ("epochs", 0), ("grad_clip", -1.0), ("warmup_steps", -1)])
+def test_bad_config_names_the_key(key, value):
+    with pytest.raises(ConfigError, match=f"critic.{key}"):
+        CriticConfig(**{key: value})
+
+
+def test_a_directory_that_is_not_a_model_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        load_value_model(tmp_path / "nope", device="cpu")
+
