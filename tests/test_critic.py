@@ -105,3 +105,21 @@ def test_a_directory_that_is_not_a_model_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         load_value_model(tmp_path / "nope", device="cpu")
 
+
+
+def test_checkpoint_extra_is_inside_the_atomic_checkpoint(tiny_model_dir, tmp_path):
+    from rlvr.model.checkpoint import latest_checkpoint, save_checkpoint
+    from rlvr.model.load import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    ckpt = save_checkpoint(tmp_path, 1, model, tok, {"step": 1}, extra=lambda d: (d / "critic").mkdir())
+    assert (ckpt / "critic").is_dir()
+
+    def broken(d):
+        (d / "critic").mkdir()
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        save_checkpoint(tmp_path, 2, model, tok, {"step": 2}, extra=broken)
+    assert latest_checkpoint(tmp_path) == ckpt  # no step_2, no leftover temp directory
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_1"]

@@ -2,7 +2,8 @@
 
 Layout: ``run_dir/checkpoints/step_N/`` holds a Hugging Face model directory (safetensors weights,
 config, tokenizer), ``trainer_state.pt`` (whatever the trainer needs to resume: optimizer and
-scheduler state dicts, RNG states, data and curriculum state, metrics) and a ``COMPLETE`` marker.
+scheduler state dicts, RNG states, data and curriculum state, metrics), what the trainer's ``extra``
+writer adds (PPO's critic: ``critic/``) and a ``COMPLETE`` marker.
 
 Atomicity: everything is written into a temporary sibling directory (``.tmp-...``), the marker
 last, and the directory is then renamed into place. A crash leaves at most a temp directory,
@@ -21,7 +22,7 @@ import re
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -70,10 +71,13 @@ def _save_hf(directory: Path, model: Any, tokenizer: Any) -> None:
         tokenizer.save_pretrained(directory)
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model: Any, tokenizer: Any, state: dict[str, Any]) -> Path:
+def save_checkpoint(run_dir: str | Path, step: int, model: Any, tokenizer: Any, state: dict[str, Any],
+                    extra: Callable[[Path], None] | None = None) -> Path:
     """Write ``run_dir/checkpoints/step_{step}/`` atomically and return its path.
 
     ``state`` is saved with ``torch.save`` as ``trainer_state.pt``; re-saving a step replaces it.
+    ``extra`` (optional) writes more into the directory before the marker, so it is part of the
+    same atomic checkpoint (the PPO critic's ``critic/``).
     """
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
@@ -85,6 +89,8 @@ def save_checkpoint(run_dir: str | Path, step: int, model: Any, tokenizer: Any, 
     try:
         _save_hf(tmp, model, tokenizer)
         torch.save(state, tmp / TRAINER_STATE)
+        if extra is not None:
+            extra(tmp)
         with open(tmp / MARKER, "w") as f:  # written last: its presence means all else is there
             f.write(f"{step}\n")
             f.flush()
