@@ -123,3 +123,19 @@ def test_checkpoint_extra_is_inside_the_atomic_checkpoint(tiny_model_dir, tmp_pa
         save_checkpoint(tmp_path, 2, model, tok, {"step": 2}, extra=broken)
     assert latest_checkpoint(tmp_path) == ckpt  # no step_2, no leftover temp directory
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_1"]
+
+
+def test_advantages_are_whitened_gae_of_outcome_rewards_with_kl(critic):
+    from rlvr.algos.gae import gae, outcome_token_rewards, whiten
+
+    ids, attn, lm, _ = _batch(critic.model.config.vocab_size)
+    values = critic.values(ids, attn, microbatch_size=3)
+    rewards, kl = torch.tensor([1.0, 0.0, 0.5]), torch.rand(3, 12)
+    adv, ret = critic.advantages(rewards, lm, values, kl, beta=0.1)
+    want_adv, want_ret = gae(outcome_token_rewards(rewards, lm, kl, 0.1), values, lm, gamma=1.0, lam=0.95)
+    torch.testing.assert_close(ret, want_ret)
+    torch.testing.assert_close(adv, whiten(want_adv, lm))
+    assert abs(float(adv[lm > 0].mean())) < 1e-5 and (adv[lm == 0] == 0).all()
+    critic.cfg.whiten_advantages = False
+    torch.testing.assert_close(critic.advantages(rewards, lm, values)[0],
+                               gae(outcome_token_rewards(rewards, lm), values, lm, gamma=1.0, lam=0.95)[0])

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 import transformers
 from transformers import AutoConfig, AutoModelForTokenClassification
 
-from rlvr.algos.gae import explained_variance, value_loss
+from rlvr.algos.gae import explained_variance, gae, outcome_token_rewards, value_loss, whiten
 from rlvr.config import check_range
 from rlvr.errors import UserError
 from rlvr.model.load import ModelLoadConfig, _check_model_dir, _check_remote_code, dtype_kwarg, resolve_dtype
@@ -148,6 +148,16 @@ class Critic:
             ids, mask = _rows(rows, attention_mask, input_ids, attention_mask)
             out[rows, : ids.shape[1]] = self._forward(ids, mask)
         return out
+
+    def advantages(self, rewards: torch.Tensor, loss_mask: torch.Tensor, values: torch.Tensor,
+                   kl: torch.Tensor | None = None, beta: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token advantages [B, T], returns [B, T]) of outcome ``rewards`` [B]: the reward at each
+        sequence's last policy token, minus ``beta * kl`` at every policy token when ``kl`` is given
+        (KL in the reward), GAE with ``critic.gamma``/``critic.lam`` over ``values``, advantages
+        whitened over the batch when ``critic.whiten_advantages``; the returns are not whitened."""
+        token_rewards = outcome_token_rewards(rewards.to(values.dtype), loss_mask, kl, beta)
+        adv, returns = gae(token_rewards, values, loss_mask, gamma=self.cfg.gamma, lam=self.cfg.lam)
+        return (whiten(adv, loss_mask) if self.cfg.whiten_advantages else adv), returns
 
     def update(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
                returns: torch.Tensor, old_values: torch.Tensor, generator: torch.Generator, *,
