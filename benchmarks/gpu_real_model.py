@@ -204,7 +204,7 @@ def grpo_variant(name: str, shape: str, model_dir: Path, a, device, out_root: Pa
     wall = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     steps = [json.loads(line) for line in (out_root / name / "metrics.jsonl").read_text().splitlines()]
-    phases = ("time/wait", "time/monitor", "time/advantage", "time/update", "time/weight_sync")  # the loop's own timers
+    phases = ("time/wait", "time/monitor", "time/advantage", "time/prepare", "time/update", "time/weight_sync")  # the loop's own timers
     per_step = [sum(s.get(k, 0.0) for k in phases) for s in steps]
     counted = per_step[1:] or per_step
     return {"variant": name, "shape": shape, "tasks x samples": f"{tasks}x{samples}",

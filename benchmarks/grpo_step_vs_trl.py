@@ -208,8 +208,9 @@ class RlvrSide:
             scored.append(Scored(self.tasks[ep.trajectory.group_id], ep.trajectory,
                                  Verdict(passed=r == 1.0, score=r, reason="ok"), r))
         t2 = time.perf_counter()
-        kept, advantages = grpo.compute_advantages(scored, self.cfg)
-        grpo.update(run, kept, advantages, self.cfg)
+        prepared = grpo.prepare(run, grpo.select_samples(scored, self.cfg), self.cfg)
+        grpo.compute_advantages(prepared, self.cfg)
+        grpo.update(run, prepared, self.cfg)
         run.step += 1
         total = time.perf_counter() - t0
         clock.add("generate", t1 - t0)

@@ -75,7 +75,6 @@ def main() -> None:
     from rlvr.model.checkpoint import save_model_dir
     from rlvr.tasks.base import generate_tasks
     from rlvr.train import grpo, sequence_attention
-    from rlvr.train.batching import collate
     from rlvr.types import Scored, Verdict
 
     tmp = Path(tempfile.mkdtemp(prefix="update_variants_"))
@@ -88,8 +87,9 @@ def main() -> None:
     episodes = grpo.rollout(run, tasks, policy_version=0)
     scored = [Scored(tasks[e.trajectory.group_id], e.trajectory, Verdict(passed=False, score=r, reason="ok"), r)
               for e in episodes for r in [digit_reward(e.trajectory.completion)]]
-    kept, advantages = grpo.compute_advantages(scored, cfg)
-    batch = collate([s.trajectory for s in kept], advantages, run.tokenizer.pad_token_id)
+    prepared = grpo.prepare(run, grpo.select_samples(scored, cfg), cfg)
+    grpo.compute_advantages(prepared, cfg)
+    kept, batch = prepared.kept, prepared.batch
     model = run.model.train()
     totals = {"num_tokens": float(batch.loss_mask.sum()), "num_seqs": float(len(kept)), "max_tokens": 32}
     lens, comp = batch.attention_mask.sum(1).tolist(), batch.loss_mask.sum(1).long().tolist()

@@ -279,7 +279,7 @@ def test_mismatch_metric_near_zero_in_sync_mode_and_positive_when_perturbed(tiny
 def test_mismatch_metric_is_logged_when_every_group_is_dropped(tiny_model_dir, tmp_path, monkeypatch):
     import rlvr.train.grpo as grpo
 
-    monkeypatch.setattr(grpo, "compute_advantages", lambda scored, cfg: ([], []))  # nothing to train
+    monkeypatch.setattr(grpo, "select_samples", lambda scored, cfg: [])  # nothing to train
     grpo.run_grpo(_cfg(tiny_model_dir, tmp_path / "none", steps=2), progress=False)
     rows = read_metrics(tmp_path / "none")
     assert [m["train/skipped"] for m in rows] == [1.0, 1.0]
@@ -319,10 +319,10 @@ def test_async_run_resumes_from_checkpoint(tiny_model_dir, tmp_path, monkeypatch
     cfg = _cfg(tiny_model_dir, tmp_path / "run", steps=4, **extra)
     real_update = grpo.update
 
-    def update_then_die(run, kept, advantages, cfg):
+    def update_then_die(run, prepared, cfg):
         if run.step == 2:  # step 3 starts: step 2 is checkpointed
             raise KeyboardInterrupt
-        return real_update(run, kept, advantages, cfg)
+        return real_update(run, prepared, cfg)
 
     monkeypatch.setattr(grpo, "update", update_then_die)
     with pytest.raises(KeyboardInterrupt):

@@ -124,9 +124,9 @@ def _nan_from(monkeypatch, grpo, step: int):
     real, updates = grpo.micro_loss, []
     real_update = grpo.update
 
-    def update(run, kept, advantages, cfg):
+    def update(run, prepared, cfg):
         updates.append(run.step + 1)
-        return real_update(run, kept, advantages, cfg)
+        return real_update(run, prepared, cfg)
 
     def micro_loss(*args, **kw):
         loss, metrics = real(*args, **kw)

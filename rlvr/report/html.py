@@ -16,7 +16,7 @@ from rlvr.report.build import RunData, names_with_prefix, select_trajectories, s
 from rlvr.report.conversation import render_trajectory
 from rlvr.report.style import CSS
 
-STEP_PHASES = ("time/wait", "time/advantage", "time/update", "time/weight_sync", "time/eval")
+STEP_PHASES = ("time/wait", "time/advantage", "time/prepare", "time/update", "time/weight_sync", "time/eval")
 
 
 def render(data: RunData, *, per_step: int = 4) -> str:

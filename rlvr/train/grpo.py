@@ -5,7 +5,10 @@ One step:  batch = source.next()          which tasks (curriculum), then n sampl
                                            tasks play episodes in their environments), then
                                            ``verify_and_reward``: verdict -> reward terms
            monitor.screen()                reward-hack detectors on the samples: alert, zero, stop
-           advantages = ADVANTAGES[...]    per group; zero-variance groups dropped
+           select_samples()                zero-variance groups dropped
+           prepare()                       the kept samples collated once, and the no-grad forwards
+                                           on them: the reference's log-probs (KL)
+           compute_advantages()            ADVANTAGES[...] per group over the kept samples' rewards
            update()                        PPO-clip epochs over mini/micro-batches
            source.push(model)              the rollout side gets the new weights
            log, eval, checkpoint           metrics.jsonl + TensorBoard, sampled trajectories, the
@@ -390,13 +393,17 @@ def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) ->
                 with timer("monitor"):
                     scored = run.monitor.screen(step, batch.scored)  # sample detectors: alert, zero or stop
                 with timer("advantage"):
-                    kept, advantages = compute_advantages(scored, cfg)
+                    kept = select_samples(scored, cfg)  # zero-variance groups dropped
+                with timer("prepare"):
+                    prepared = prepare(run, kept, cfg)  # collated once; the reference's log-probs
+                with timer("advantage"):
+                    advantage_metrics = compute_advantages(prepared, cfg)
                 with timer("update"):
-                    train_metrics = update(run, kept, advantages, cfg)
+                    train_metrics = update(run, prepared, cfg)
                 with timer("weight_sync"):
                     source.push(run.model, version=step)
                 run.pool_state = batch.pool_state
-                metrics = {**rollout_metrics(scored, kept), **train_metrics, **run.monitor.counts,
+                metrics = {**rollout_metrics(scored, kept), **advantage_metrics, **train_metrics, **run.monitor.counts,
                            **mismatch_metric(run, batch, train_metrics, cfg), **source.metrics(batch, step - 1)}
                 if cfg.eval_every and step % cfg.eval_every == 0:
                     with timer("eval"):
@@ -643,33 +650,72 @@ def verify_and_reward(tasks: list[Task], episodes: list[Episode], cfg: GRPOConfi
     return score_all(matched, judge(tasks, episodes), trajectories, cfg.reward, cfg.rollout.max_new_tokens)
 
 
-def compute_advantages(scored: list[Scored], cfg: GRPOConfig) -> tuple[list[Scored], list[float]]:
-    """Group-relative advantages; samples of zero-variance groups are dropped if configured."""
+def select_samples(scored: list[Scored], cfg: GRPOConfig) -> list[Scored]:
+    """The samples a step trains on: all but those of zero-variance groups when
+    ``algo.drop_zero_variance`` (every group estimator gives them advantage 0)."""
+    if not cfg.algo.drop_zero_variance:
+        return list(scored)
     rewards = torch.tensor([s.reward for s in scored], dtype=torch.float32)
     groups = torch.tensor([s.trajectory.group_id for s in scored], dtype=torch.long)
-    advantages = ADVANTAGES.get(cfg.algo.advantage)(rewards, groups)
-    keep = group_has_variance(rewards, groups) if cfg.algo.drop_zero_variance else torch.ones_like(groups, dtype=torch.bool)
-    idx = keep.nonzero().flatten().tolist()
-    return [scored[i] for i in idx], [float(advantages[i]) for i in idx]
+    return [s for s, keep in zip(scored, group_has_variance(rewards, groups).tolist()) if keep]
 
 
-def update(run: Run, kept: list[Scored], advantages: list[float], cfg: GRPOConfig) -> dict:
-    """PPO-clip epochs over mini-batches (one optimizer step each), micro-batched for memory."""
+@dataclass
+class Prepared:
+    """A step's training batch before its update: the kept samples collated once on the trainer's
+    device, with what the advantages and the loss compare against (None when off)."""
+
+    kept: list[Scored]
+    batch: Batch | None  # rows = ``kept`` in order; None when nothing is kept
+    budget: int = 0  # the largest token budget of a kept sample (``max_tokens`` of the aggregation)
+    ref_logprobs: torch.Tensor | None = None  # [B,T] the reference's (``algo.kl_coef`` > 0)
+
+
+def prepare(run: Run, kept: list[Scored], cfg: GRPOConfig) -> Prepared:
+    """``kept`` collated once, and the no-grad forwards on it at the weights that sampled it,
+    before any optimizer step of this update: the reference's log-probs (``algo.kl_coef`` > 0; with
+    LoRA the model with its adapters off). Data parallel: every rank prepares the whole batch."""
     if not kept:
-        return {"train/skipped": 1.0}
-    a = cfg.algo
+        return Prepared(kept, None)
     device = next(run.model.parameters()).device
-    batch = collate([s.trajectory for s in kept], advantages, run.tokenizer.pad_token_id).to(device)
+    batch = collate([s.trajectory for s in kept], [0.0] * len(kept), run.tokenizer.pad_token_id).to(device)
     budget = max(s.trajectory.token_budget(cfg.rollout.max_new_tokens) for s in kept)
+    out = Prepared(kept, batch, budget, ref_logprobs=reference_logprobs(run, batch, cfg.algo))
+    batch.ref_logprobs = out.ref_logprobs  # the KL term of the loss
+    return out
+
+
+def reference_logprobs(run: Run, batch: Batch, a: AlgoConfig) -> torch.Tensor | None:
+    """[B,T] log-probs of ``batch`` under the frozen reference, or None without a KL term."""
     if run.ref_model is not None:
         with torch.no_grad():
-            batch.ref_logprobs = logprobs_of(run.ref_model, batch, a)
-    elif a.kl_coef > 0 and run.lora is not None:  # LoRA: the reference is the same model with adapters off
+            return logprobs_of(run.ref_model, batch, a)
+    if a.kl_coef > 0 and run.lora is not None:  # LoRA: the reference is the same model with adapters off
         was_training = run.model.training
         run.model.eval()
         with torch.no_grad(), adapters_off(run.lora) as ref:
-            batch.ref_logprobs = logprobs_of(ref, batch, a)
+            out = logprobs_of(ref, batch, a)
         run.model.train(was_training)
+        return out
+    return None
+
+
+def compute_advantages(p: Prepared, cfg: GRPOConfig) -> dict:
+    """``p.batch.advantages``: the sequence-level estimator (``ADVANTAGES``) per group over the
+    kept samples' rewards. Returns the step's advantage metrics."""
+    if not p.kept:
+        return {}
+    rewards = torch.tensor([s.reward for s in p.kept], dtype=torch.float32)
+    groups = torch.tensor([s.trajectory.group_id for s in p.kept], dtype=torch.long)
+    p.batch.advantages = ADVANTAGES.get(cfg.algo.advantage)(rewards, groups).to(p.batch.input_ids.device)
+    return {}
+
+
+def update(run: Run, p: Prepared, cfg: GRPOConfig) -> dict:
+    """PPO-clip epochs over mini-batches (one optimizer step each), micro-batched for memory."""
+    if not p.kept:
+        return {"train/skipped": 1.0}
+    a, batch, kept, budget = cfg.algo, p.batch, p.kept, p.budget
     off_policy = off_policy_correction(run, batch, kept, cfg) if cfg.asynchronous.enabled else {}
     mismatch: list[float] = []  # rollout/logprob_mismatch_kl, from forwards before the first optimizer step
     run.model.train()
