@@ -226,6 +226,214 @@ def test_every_policy_loss_has_one_signature():
         assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())
 
 
+# --------------------------------------------------------------------------- every policy loss
+
+
+def ref_loss_and_grad(name, new, old, adv, mask, aggregation, clip_low, clip_high, is_weights=None):
+    """Plain per-token (GSPO: per-sequence) loops over 0-dim tensors, reduced by the loop
+    aggregations above, differentiated by autograd: (loss float, d loss / d new [B,T])."""
+    leaf = new.clone().requires_grad_(True)
+    w = is_weights if is_weights is not None else torch.ones(B, T, dtype=torch.float64)
+    m = mask.tolist()
+    token = [[torch.zeros((), dtype=torch.float64) for _ in range(T)] for _ in range(B)]
+    for b in range(B):
+        a = float(adv[b])
+        tokens = [t for t in range(T) if m[b][t] > 0]
+        if name == "gspo" and tokens:
+            s = torch.exp(sum(leaf[b, t] - old[b, t] for t in tokens) / len(tokens))
+        for t in tokens:
+            if name == "ppo_clip":
+                rho = torch.exp(leaf[b, t] - old[b, t])
+                term = -torch.minimum(rho * a, rho.clamp(1 - clip_low, 1 + clip_high) * a)
+            elif name == "gspo":  # GSPO-token: sg[s_i] * pi_t / sg[pi_t]
+                rho = s.detach() * torch.exp(leaf[b, t] - leaf[b, t].detach())
+                term = -torch.minimum(rho * a, rho.clamp(1 - clip_low, 1 + clip_high) * a)
+            else:  # cispo
+                weight = min(max(math.exp(float(new[b, t] - old[b, t])), 1 - clip_low), 1 + clip_high)
+                term = -weight * a * leaf[b, t]
+            token[b][t] = term * float(w[b, t])
+    total = AGG_REFERENCES[aggregation](token, m, MAX_TOKENS)
+    if not torch.is_tensor(total) or not total.requires_grad:
+        return float(total), torch.zeros(B, T, dtype=torch.float64)
+    total.backward()
+    return float(total.detach()), leaf.grad
+
+
+def ref_gspo_sequence_loss(new, old, adv, mask, clip_low, clip_high):
+    """The paper's GSPO objective (Zheng et al. 2025, Eq. 5-7) per sequence, no token form:
+    (1/G) sum_i -min(s_i A_i, clip(s_i) A_i), s_i = exp(mean_t log-ratio), full gradient."""
+    leaf = new.clone().requires_grad_(True)
+    total = torch.zeros((), dtype=torch.float64)
+    for b in range(B):
+        tokens = [t for t in range(T) if mask[b, t] > 0]
+        if not tokens:
+            continue
+        s = torch.exp(sum(leaf[b, t] - old[b, t] for t in tokens) / len(tokens))
+        a = float(adv[b])
+        total = total - torch.minimum(s * a, s.clamp(1 - clip_low, 1 + clip_high) * a)
+    (total / B).backward()
+    return float(total.detach() / B), leaf.grad
+
+
+def make_off_policy_inputs(seed: int, spread: float):
+    """Like make_inputs, with a larger log-ratio spread so some tokens and sequences clip."""
+    new, old, adv, mask = make_inputs(seed)
+    gen = torch.Generator().manual_seed(100 + seed)
+    return old + torch.randn(B, T, generator=gen, dtype=torch.float64) * spread, old, adv, mask
+
+
+@pytest.mark.parametrize("name", sorted(["ppo_clip", "gspo", "cispo"]))
+@pytest.mark.parametrize("aggregation", sorted(AGG_REFERENCES))
+@pytest.mark.parametrize("seed", range(3))
+def test_policy_loss_matches_loop_value_and_gradient(name, aggregation, seed):
+    new, old, adv, mask = make_off_policy_inputs(seed, spread=0.3 if name != "gspo" else 0.05)
+    gen = torch.Generator().manual_seed(50 + seed)
+    w = torch.rand(B, T, generator=gen, dtype=torch.float64) * 2
+    cl, ch = (0.02, 0.03) if name == "gspo" else (0.2, 0.28)
+    for is_weights in (None, w):
+        leaf = new.clone().requires_grad_(True)
+        loss, _ = POLICY_LOSSES.get(name)(leaf, old, adv, mask, clip_low=cl, clip_high=ch, aggregation=aggregation,
+                                          max_tokens=MAX_TOKENS, is_weights=is_weights)
+        loss.backward()
+        want, want_grad = ref_loss_and_grad(name, new, old, adv, mask, aggregation, cl, ch, is_weights)
+        assert math.isclose(loss.item(), want, rel_tol=1e-10, abs_tol=1e-12)
+        torch.testing.assert_close(leaf.grad, want_grad, rtol=1e-10, atol=1e-12)
+
+
+def test_every_policy_loss_has_a_loop_reference():
+    assert set(POLICY_LOSSES.names()) == {"ppo_clip", "gspo", "cispo"}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_gspo_with_seq_mean_token_mean_is_the_papers_gspo(seed):
+    """Value and gradient equal the per-sequence formula, with sequences clipped on both sides."""
+    new, old, adv, mask = make_off_policy_inputs(seed, spread=0.05)
+    cl, ch = 3e-3, 4e-3  # the paper's 3e-4 / 4e-4, scaled to this batch's log-ratio spread
+    leaf = new.clone().requires_grad_(True)
+    loss, metrics = POLICY_LOSSES.get("gspo")(leaf, old, adv, mask, clip_low=cl, clip_high=ch,
+                                              aggregation="seq_mean_token_mean")
+    loss.backward()
+    want, want_grad = ref_gspo_sequence_loss(new, old, adv, mask, cl, ch)
+    assert math.isclose(loss.item(), want, rel_tol=1e-10, abs_tol=1e-12)
+    torch.testing.assert_close(leaf.grad, want_grad, rtol=1e-10, atol=1e-12)
+    ratios = [math.exp(sum(float(new[b, t] - old[b, t]) for t in range(T) if mask[b, t]) / float(mask[b].sum()))
+              for b in range(B) if mask[b].sum() > 0]
+    assert math.isclose(metrics["ratio_mean"], sum(ratios) / len(ratios), rel_tol=1e-12)
+    assert math.isclose(metrics["ratio_max"], max(ratios), rel_tol=1e-12)
+    # clip_frac: the share of policy tokens in sequences whose clipped term is active
+    clipped_tokens = 0.0
+    for b in range(B):
+        n = float(mask[b].sum())
+        if n:
+            s = math.exp(sum(float(new[b, t] - old[b, t]) for t in range(T) if mask[b, t]) / n)
+            clipped_tokens += n * bool((adv[b] > 0 and s > 1 + ch) or (adv[b] < 0 and s < 1 - cl))
+    assert math.isclose(metrics["clip_frac"], clipped_tokens / float(mask.sum()), rel_tol=1e-12)
+    assert 0.0 < metrics["clip_frac"] < 1.0  # some sequences clipped, some not: both paths tested
+
+
+def test_gspo_token_advantages_equal_sequence_advantages_when_constant():
+    new, old, adv, mask = make_off_policy_inputs(1, spread=0.05)
+    gspo = POLICY_LOSSES.get("gspo")
+    for aggregation in AGG_REFERENCES:
+        a = new.clone().requires_grad_(True)
+        b = new.clone().requires_grad_(True)
+        la, ma = gspo(a, old, adv, mask, clip_low=0.01, clip_high=0.01, aggregation=aggregation, max_tokens=MAX_TOKENS)
+        lb, mb = gspo(b, old, adv[:, None].expand(B, T), mask, clip_low=0.01, clip_high=0.01, aggregation=aggregation,
+                      max_tokens=MAX_TOKENS)
+        la.backward()
+        lb.backward()
+        assert la.item() == lb.item() and ma == mb
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+
+def test_cispo_keeps_the_gradient_of_clipped_tokens_where_ppo_clip_drops_it():
+    cl, ch = 0.2, 0.28
+    rhos = [1.5, 1.25, 0.5, 0.85]  # above 1+ch, inside, below 1-cl, inside
+    new = torch.tensor([[math.log(r) for r in rhos]] * 2, dtype=torch.float64) - 1.0
+    old = torch.full((2, 4), -1.0, dtype=torch.float64)
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    mask = torch.ones(2, 4, dtype=torch.float64)
+    kw = dict(clip_low=cl, clip_high=ch, aggregation="token_mean")
+    grads, metrics = {}, {}
+    for name in ("ppo_clip", "cispo"):
+        leaf = new.clone().requires_grad_(True)
+        loss, metrics[name] = POLICY_LOSSES.get(name)(leaf, old, adv, mask, **kw)
+        loss.backward()
+        grads[name] = leaf.grad * 8  # undo token_mean's 1/8
+    # ppo_clip: A > 0 at rho 1.5 and A < 0 at rho 0.5 are clipped, gradient 0
+    assert grads["ppo_clip"][0, 0] == 0 and grads["ppo_clip"][1, 2] == 0
+    # cispo: every token keeps -w * A, w the clipped weight, whatever A's sign
+    w = torch.tensor([[1.28, 1.25, 0.8, 0.85]] * 2, dtype=torch.float64)
+    torch.testing.assert_close(grads["cispo"], -w * adv[:, None])
+    assert metrics["cispo"]["clip_frac"] == 4 / 8  # the weight clips regardless of A's sign
+    assert metrics["cispo"]["clip_frac_high"] == 2 / 8 and metrics["cispo"]["clip_frac_low"] == 2 / 8
+    # no lower bound (the MiniMax-M1 setting): clip_low = 1 leaves 0.5 unclipped
+    leaf = new.clone().requires_grad_(True)
+    loss, m = POLICY_LOSSES.get("cispo")(leaf, old, adv, mask, clip_low=1.0, clip_high=ch)
+    loss.backward()
+    torch.testing.assert_close(leaf.grad * 8, -torch.tensor([[1.28, 1.25, 0.5, 0.85]] * 2, dtype=torch.float64)
+                               * adv[:, None])
+    assert m["clip_frac_low"] == 0.0
+
+
+@pytest.mark.parametrize("name", sorted(["ppo_clip", "gspo", "cispo"]))
+@pytest.mark.parametrize("aggregation", sorted(AGG_REFERENCES))
+@pytest.mark.parametrize("splits", [[1, 1, 1, 1, 1], [2, 3], [4, 1]])
+def test_policy_loss_grad_accumulation_invariance(name, aggregation, splits):
+    """Micro-batches given the mini-batch's totals sum to the full-batch loss and gradient."""
+    new, old, adv, mask = make_off_policy_inputs(2, spread=0.3)
+    gen = torch.Generator().manual_seed(7)
+    w = torch.rand(B, T, generator=gen, dtype=torch.float64) * 2
+    kw = dict(clip_low=0.05, clip_high=0.06, aggregation=aggregation)
+    fn = POLICY_LOSSES.get(name)
+    full_param = new.clone().requires_grad_(True)
+    full, _ = fn(full_param, old, adv, mask, max_tokens=MAX_TOKENS, is_weights=w, **kw)
+    full.backward()
+    micro_param = new.clone().requires_grad_(True)
+    totals = dict(num_tokens=float(mask.sum()), num_seqs=float(B), max_tokens=MAX_TOKENS)
+    accumulated = 0.0
+    for rows in torch.split(torch.arange(B), splits):
+        part, _ = fn(micro_param[rows], old[rows], adv[rows], mask[rows], is_weights=w[rows], **totals, **kw)
+        part.backward()
+        accumulated += float(part.detach())
+    assert math.isclose(accumulated, float(full.detach()), rel_tol=1e-12, abs_tol=1e-14)
+    torch.testing.assert_close(micro_param.grad, full_param.grad, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", sorted(["ppo_clip", "gspo", "cispo"]))
+def test_policy_loss_edge_cases(name):
+    """All-masked batch: loss 0, zero gradient, finite metrics. Off-mask garbage changes nothing.
+    Huge log-ratios on the mask: finite loss and gradient."""
+    fn = POLICY_LOSSES.get(name)
+    new, old, adv, mask = make_inputs(4)
+    for aggregation in AGG_REFERENCES:
+        leaf = torch.full((B, T), -math.inf, dtype=torch.float64).requires_grad_(True)
+        empty, metrics = fn(leaf, torch.full((B, T), math.nan, dtype=torch.float64), adv, torch.zeros(B, T),
+                            aggregation=aggregation, max_tokens=MAX_TOKENS)
+        empty.backward()
+        assert empty.item() == 0.0 and torch.equal(leaf.grad, torch.zeros(B, T, dtype=torch.float64))
+        assert all(math.isfinite(v) for v in metrics.values()) and metrics["ratio_max"] == 1.0
+
+    base_param = new.clone().requires_grad_(True)
+    base, base_metrics = fn(base_param, old, adv, mask)
+    base.backward()
+    off = mask == 0
+    wild_new, wild_old = new.clone(), old.clone()
+    wild_new[off], wild_old[off] = -math.inf, math.nan
+    wild_param = wild_new.requires_grad_(True)
+    wild, wild_metrics = fn(wild_param, wild_old, adv, mask, is_weights=torch.where(off, 1e9, 1.0))
+    wild.backward()
+    assert wild.item() == base.item() and wild_metrics == base_metrics
+    torch.testing.assert_close(wild_param.grad, base_param.grad)
+    assert torch.all(wild_param.grad[off] == 0)
+
+    huge_param = (old + torch.where(torch.arange(T) % 2 == 0, 1e4, -1e4)).requires_grad_(True)
+    huge, huge_metrics = fn(huge_param, old, adv, mask, clip_low=1.0, clip_high=0.28)
+    huge.backward()
+    assert math.isfinite(huge.item()) and torch.isfinite(huge_param.grad).all()
+    assert all(math.isfinite(v) for v in huge_metrics.values())
+
+
 # --------------------------------------------------------------------------- token_logprobs, sft_loss
 
 

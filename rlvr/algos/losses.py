@@ -12,7 +12,7 @@ Two registries, each with one signature:
   sequence count: when the trainer splits a mini-batch into micro-batches and passes the full
   totals to every micro-batch, the micro-batch losses sum to exactly the full-batch loss (and so
   do their gradients). Left as None they default to this batch's own totals.
-- ``POLICY_LOSSES``: ``fn(logprobs [B,T], old_logprobs [B,T], advantages [B], loss_mask [B,T],
+- ``POLICY_LOSSES`` (ppo_clip, gspo, cispo): ``fn(logprobs [B,T], old_logprobs [B,T], advantages [B], loss_mask [B,T],
   *, clip_low, clip_high, aggregation, num_tokens, num_seqs, max_tokens, is_weights)
   -> (scalar loss, metrics dict of plain floats)``.
 
@@ -119,6 +119,25 @@ def _masked_mean(values: Tensor, mask: Tensor) -> float:
     return float((values * mask).sum() / mask.sum().clamp(min=1))
 
 
+def _log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """log pi - log pi_old on the mask, 0 off it: off-mask values (0, -inf, nan, stale) never leak
+    into a masked sum or its gradient."""
+    return torch.where(mask > 0, logprobs - old_logprobs, torch.zeros_like(logprobs))
+
+
+def _clip_metrics(ratio: Tensor, unclipped: Tensor, clipped: Tensor, adv: Tensor, log_ratio: Tensor,
+                  mask: Tensor, clip_low: float, clip_high: float) -> dict[str, float]:
+    """The PPO-style metrics over policy tokens: clip_frac (the clipped term is active),
+    clip_frac_high / clip_frac_low (the bound that binds for A's sign) and approx_kl (k1)."""
+    a = adv.expand_as(ratio)
+    return {
+        "clip_frac": _masked_mean((clipped > unclipped).to(mask.dtype), mask),
+        "clip_frac_high": _masked_mean(((ratio > 1 + clip_high) & (a > 0)).to(mask.dtype), mask),
+        "clip_frac_low": _masked_mean(((ratio < 1 - clip_low) & (a < 0)).to(mask.dtype), mask),
+        "approx_kl": _masked_mean(-log_ratio, mask),
+    }
+
+
 @POLICY_LOSSES.register("ppo_clip")
 def ppo_clip(
     logprobs: Tensor,
@@ -158,7 +177,7 @@ def ppo_clip(
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
     # Off-mask positions get log-ratio 0 (rho = 1): their values can be anything (0, -inf,
     # stale) without leaking nan into the masked sum or its gradient.
-    log_ratio = torch.where(mask > 0, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    log_ratio = _log_ratio(logprobs, old_logprobs, mask)
     ratio = log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()
     unclipped = -ratio * adv
     clipped = -ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
@@ -169,11 +188,128 @@ def ppo_clip(
 
     with torch.no_grad():
         on = mask > 0
-        a = adv.expand_as(ratio)
+        metrics = _clip_metrics(ratio, unclipped, clipped, adv, log_ratio, mask, clip_low, clip_high)
+        metrics["ratio_mean"] = _masked_mean(ratio, mask) if on.any() else 1.0
+        metrics["ratio_max"] = float(ratio[on].max()) if on.any() else 1.0
+    return loss, metrics
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    aggregation: str = "token_mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    max_tokens: int | None = None,
+    is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """GSPO: a sequence-level importance ratio, clipped per sequence.
+
+    Zheng et al. 2025, "Group Sequence Policy Optimization" (arXiv 2507.18071), Eq. 5-7:
+        s_i    = exp((1/|y_i|) sum_t (logprobs_t - old_logprobs_t))    over y_i's policy tokens
+        loss_i = -min(s_i * A_i, clip(s_i, 1 - clip_low, 1 + clip_high) * A_i)
+    Written as the paper's GSPO-token form (Eq. 13-14) so any ``AGGREGATIONS`` entry reduces it:
+    s_{i,t} = sg[s_i] * pi_t / sg[pi_t], equal to s_i in value, with gradient s_i * grad log pi_t;
+    loss_{i,t} = -min(s_{i,t} A_{i,t}, clip(s_{i,t}, ...) A_{i,t}). With
+    ``aggregation=seq_mean_token_mean`` this is exactly GSPO's objective, value and gradient
+    ((1/G) sum_i loss_i, grad s_i = s_i * (1/|y_i|) sum_t grad log pi_t); other aggregations
+    weigh the same sequence terms differently (``token_mean``: by length). Advantages [B] give
+    GSPO; [B,T] give GSPO-token. The paper's clip ranges are tiny, 3e-4 below and 4e-4 above
+    (``algo.clip_low=3e-4 algo.clip_high=4e-4``): a ratio of length-normalised log-probs moves
+    far less than a token's. The log-ratio mean is capped at +-20 before exp, as in ``ppo_clip``.
+    ``is_weights`` ([B,T], no gradient) multiply each token's loss, as in ``ppo_clip``.
+
+    logprobs [B,T] (requires grad), old_logprobs [B,T], advantages [B] (or [B,T]),
+    loss_mask [B,T] -> (scalar loss, metrics). Metrics are ``ppo_clip``'s, with s_i as every
+    token's ratio: ``clip_frac`` / ``clip_frac_high`` / ``clip_frac_low`` are shares of policy
+    *tokens* in clipped sequences (the paper's "fraction of clipped tokens"), ``ratio_mean`` and
+    ``ratio_max`` are over the sequences with a policy token (1.0 with none), ``approx_kl`` is the
+    token mean of old_logprobs - logprobs as in ``ppo_clip``.
+    """
+    agg = AGGREGATIONS.get(aggregation)
+    mask = loss_mask.to(logprobs.dtype)
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    log_ratio = _log_ratio(logprobs, old_logprobs, mask)
+    lengths = mask.sum(-1)
+    seq_log_ratio = (log_ratio * mask).sum(-1) / lengths.clamp(min=1)
+    seq_ratio = seq_log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()  # s_i [B]
+    safe_lp = torch.where(mask > 0, logprobs, torch.zeros_like(logprobs))
+    ratio = seq_ratio.detach().unsqueeze(-1) * (safe_lp - safe_lp.detach()).exp()  # s_{i,t} [B,T]
+    unclipped = -ratio * adv
+    clipped = -ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
+    token_loss = torch.maximum(unclipped, clipped)
+    if is_weights is not None:
+        token_loss = token_loss * is_weights.detach()
+    loss = agg(token_loss, mask, num_tokens=num_tokens, num_seqs=num_seqs, max_tokens=max_tokens)
+
+    with torch.no_grad():
+        seqs = lengths > 0
+        metrics = _clip_metrics(ratio, unclipped, clipped, adv, log_ratio, mask, clip_low, clip_high)
+        metrics["ratio_mean"] = float(seq_ratio[seqs].mean()) if seqs.any() else 1.0
+        metrics["ratio_max"] = float(seq_ratio[seqs].max()) if seqs.any() else 1.0
+    return loss, metrics
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    aggregation: str = "token_mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    max_tokens: int | None = None,
+    is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """CISPO: a clipped, detached importance weight times the REINFORCE term; no token is dropped.
+
+    MiniMax-M1 technical report (Chen et al. 2025, arXiv 2506.13585), Sec. 3.1, Eq. 4-5:
+        r_t    = exp(logprobs_t - old_logprobs_t)
+        loss_t = -sg(clip(r_t, 1 - clip_low, 1 + clip_high)) * A * logprobs_t
+    The gradient is -w_t * A * grad log pi_t for every policy token, clipped or not (PPO's
+    clipping zeroes the gradient of a clipped token). The report imposes no lower bound ("setting
+    eps_low^IS to a large value") and tunes only eps_high^IS: ``algo.clip_low=1.0`` makes the
+    floor 0, i.e. none. Its aggregation is ``token_mean`` (1 / sum_i |o_i|). The loss *value* is
+    a surrogate (it contains log pi, not the objective); compare gradients, not values, with
+    ``ppo_clip``. ``is_weights`` ([B,T], no gradient) multiply each token's loss, as in ``ppo_clip``.
+
+    logprobs [B,T] (requires grad), old_logprobs [B,T], advantages [B] (or [B,T]),
+    loss_mask [B,T] -> (scalar loss, metrics). Metrics over policy tokens: ``clip_frac`` (share
+    of tokens whose weight was clipped, either side; whatever the sign of A, since the weight is
+    clipped regardless), ``clip_frac_high`` (r > 1 + clip_high), ``clip_frac_low``
+    (r < 1 - clip_low), ``ratio_mean``, ``ratio_max`` (unclipped r; 1.0 with no policy token),
+    ``approx_kl`` (mean of old_logprobs - logprobs, as ``ppo_clip``).
+    """
+    agg = AGGREGATIONS.get(aggregation)
+    mask = loss_mask.to(logprobs.dtype)
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    log_ratio = _log_ratio(logprobs, old_logprobs, mask)
+    ratio = log_ratio.detach().clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()
+    weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    safe_lp = torch.where(mask > 0, logprobs, torch.zeros_like(logprobs))
+    token_loss = -weight * adv * safe_lp
+    if is_weights is not None:
+        token_loss = token_loss * is_weights.detach()
+    loss = agg(token_loss, mask, num_tokens=num_tokens, num_seqs=num_seqs, max_tokens=max_tokens)
+
+    with torch.no_grad():
+        on = mask > 0
+        high = (ratio > 1 + clip_high).to(mask.dtype)
+        low = (ratio < 1 - clip_low).to(mask.dtype)
         metrics = {
-            "clip_frac": _masked_mean((clipped > unclipped).to(mask.dtype), mask),
-            "clip_frac_high": _masked_mean(((ratio > 1 + clip_high) & (a > 0)).to(mask.dtype), mask),
-            "clip_frac_low": _masked_mean(((ratio < 1 - clip_low) & (a < 0)).to(mask.dtype), mask),
+            "clip_frac": _masked_mean(high + low, mask),
+            "clip_frac_high": _masked_mean(high, mask),
+            "clip_frac_low": _masked_mean(low, mask),
             "ratio_mean": _masked_mean(ratio, mask) if on.any() else 1.0,
             "ratio_max": float(ratio[on].max()) if on.any() else 1.0,
             "approx_kl": _masked_mean(-log_ratio, mask),
