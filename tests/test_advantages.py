@@ -164,9 +164,9 @@ def test_batch_normalised_degenerate_batches_give_zero_not_nan(name, eps):
     assert (adv[2] > 0 > adv[0]) if name == "reinforce_pp" else torch.equal(adv, torch.zeros(4))
 
 
-def test_batch_normalised_statistics_include_zero_variance_groups():
-    """The trainer drops zero-variance groups after the estimator: their samples count in the
-    batch statistics. Adding constant groups changes the other samples' advantages."""
+def test_batch_normalised_statistics_count_every_sample_passed_in():
+    """Constant groups passed in count in the batch statistics (the trainer decides what it
+    passes): adding them changes the other samples' advantages."""
     rewards = torch.tensor([0.0, 1.0, 1.0, 0.0], dtype=torch.float64)
     group_ids = torch.tensor([0, 0, 0, 0])
     padded_r = torch.cat([rewards, torch.ones(4, dtype=torch.float64)])

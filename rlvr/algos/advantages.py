@@ -131,9 +131,10 @@ def reinforce_pp(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Te
     sequence level with ``algo.kl_in_reward`` (the trainer subtracts beta * sum_t kl_t from r
     before calling the estimator). Statistics are over the samples (each sequence once; verl and
     OpenRLHF whiten over tokens, weighting long sequences more) with the sample std (divisor
-    N - 1, as verl's ``masked_whiten``). They are over the whole batch passed in: the trainer
-    (``rlvr/train/grpo.py: compute_advantages``) drops zero-variance groups *after* this call, so
-    their rewards count in the mean and std, as in verl (statistics over the rollout batch).
+    N - 1, as verl's ``masked_whiten``). They are over every sample passed in: the trainer
+    (``rlvr/train/grpo.py: compute_advantages``) passes the samples it keeps, so with
+    ``algo.drop_zero_variance`` the groups of equal rewards (which under this estimator do carry a
+    signal) are gone before this call; verl whitens over the whole rollout batch.
     ``group_ids`` only checks the shapes. An all-equal batch gives 0 everywhere (not nan).
 
     rewards [N] float, group_ids [N] long -> advantages [N] (dtype of rewards).
@@ -158,8 +159,9 @@ def reinforce_pp_baseline(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e
     once. std: the sample std (divisor N - 1) about the batch mean, as verl's ``masked_whiten``.
     A group of size 1 has no baseline (verl uses a baseline of 0 there, A' = r): its advantage
     is 0 here, as under every group-relative estimator; a constant group also gets exactly 0.
-    Statistics are over the whole batch passed in, zero-variance groups included (the trainer
-    drops them after this call, as verl). An all-equal batch gives 0 everywhere (not nan).
+    Statistics are over every sample passed in (the trainer passes the samples it keeps: with
+    ``algo.drop_zero_variance`` constant groups, whose zeros would shrink the std, are already
+    gone; verl whitens over the whole rollout batch). An all-equal batch gives 0 (not nan).
 
     rewards [N] float, group_ids [N] long -> advantages [N] (dtype of rewards).
     """
