@@ -242,7 +242,7 @@ def ref_loss_and_grad(name, new, old, adv, mask, aggregation, clip_low, clip_hig
 
 
 def ref_gspo_sequence_loss(new, old, adv, mask, clip_low, clip_high):
-    """The paper's GSPO objective (Zheng et al. 2025, Eq. 5-7) per sequence, no token form:
+    """The paper's GSPO objective (Zheng et al. 2025, Eq. 5) per sequence, no token form:
     (1/G) sum_i -min(s_i A_i, clip(s_i) A_i), s_i = exp(mean_t log-ratio), full gradient."""
     leaf = new.clone().requires_grad_(True)
     total = torch.zeros((), dtype=torch.float64)

@@ -125,8 +125,8 @@ def reinforce_pp(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Te
     """REINFORCE++: A_i = (r_i - mean_batch r) / (std_batch r + eps), no per-group baseline.
 
     Hu 2025, "REINFORCE++: An Efficient RLHF Algorithm with Robustness to Both Prompt and Reward
-    Models" (arXiv 2501.03262), Sec. 3, advantage normalisation: A_norm = (A - mu_batch) /
-    sigma_batch over the global batch, with A the (gamma = 1) return of the outcome reward. The
+    Models" (arXiv 2501.03262), global advantage normalisation: A_norm = (A - mu_batch) /
+    sigma_batch over the whole batch, with A the (gamma = 1) return of the outcome reward. The
     paper's return also carries a token-level KL penalty, -beta * sum_t KL_t; rlvr applies it at
     sequence level with ``algo.kl_in_reward`` (the trainer subtracts beta * sum_t kl_t from r
     before calling the estimator). Statistics are over the samples (each sequence once; verl and

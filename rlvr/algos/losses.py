@@ -211,10 +211,11 @@ def gspo(
 ) -> tuple[Tensor, dict[str, float]]:
     """GSPO: a sequence-level importance ratio, clipped per sequence.
 
-    Zheng et al. 2025, "Group Sequence Policy Optimization" (arXiv 2507.18071), Eq. 5-7:
+    Zheng et al. 2025, "Group Sequence Policy Optimization" (arXiv 2507.18071), Eq. 5 (the
+    objective) with its length-normalised sequence ratio s_i:
         s_i    = exp((1/|y_i|) sum_t (logprobs_t - old_logprobs_t))    over y_i's policy tokens
         loss_i = -min(s_i * A_i, clip(s_i, 1 - clip_low, 1 + clip_high) * A_i)
-    Written as the paper's GSPO-token form (Eq. 13-14) so any ``AGGREGATIONS`` entry reduces it:
+    Written as the paper's GSPO-token variant so any ``AGGREGATIONS`` entry reduces it:
     s_{i,t} = sg[s_i] * pi_t / sg[pi_t], equal to s_i in value, with gradient s_i * grad log pi_t;
     loss_{i,t} = -min(s_{i,t} A_{i,t}, clip(s_{i,t}, ...) A_{i,t}). With
     ``aggregation=seq_mean_token_mean`` this is exactly GSPO's objective, value and gradient
