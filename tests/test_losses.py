@@ -480,3 +480,14 @@ def test_sft_loss_gradient_flows_and_empty_mask_is_zero():
     nonzero_rows = logits.grad.abs().sum(-1).nonzero().tolist()
     assert nonzero_rows == [[1, 2]]  # only the logits that predict the one target token
     assert sft_loss(logits, ids, torch.zeros(B, T)).item() == 0.0
+
+
+def test_every_estimator_and_loss_is_in_the_algorithms_table():
+    from pathlib import Path
+
+    from rlvr.algos import ADVANTAGES
+
+    docs = (Path(__file__).parent.parent / "docs" / "algorithms.md").read_text()
+    for key, registry in (("algo.advantage", ADVANTAGES), ("algo.policy_loss", POLICY_LOSSES)):
+        for name in registry.names():
+            assert f"`{key}={name}" in docs, f"docs/algorithms.md has no row with {key}={name}"
