@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rlvr.errors import ConfigError, UserError
-from rlvr.train.critic import Critic, CriticConfig, load_value_model
+from rlvr.train.critic import Critic, CriticConfig, critic_advantages, load_value_model
 
 
 def _batch(vocab: int):
@@ -38,6 +38,10 @@ def test_value_model_is_the_policy_decoder_with_a_scalar_head(tiny_model_dir, cr
     assert torch.equal(critic_emb, policy.get_input_embeddings().weight)
     assert critic.model.config.num_labels == 1
     ids, attn, _, _ = _batch(policy.config.vocab_size)
+    assert (critic.values(ids, attn, microbatch_size=3) == 0).all()  # a fresh critic's head starts at zero
+    with torch.no_grad():
+        critic.model.score.weight.normal_()
+        critic.model.score.bias.fill_(0.3)
     v = critic.values(ids, attn, microbatch_size=2)
     # value of the state before token t = head(hidden at t - 1); position 0 and padding are 0
     hidden = critic.model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state
@@ -131,11 +135,87 @@ def test_advantages_are_whitened_gae_of_outcome_rewards_with_kl(critic):
     ids, attn, lm, _ = _batch(critic.model.config.vocab_size)
     values = critic.values(ids, attn, microbatch_size=3)
     rewards, kl = torch.tensor([1.0, 0.0, 0.5]), torch.rand(3, 12)
-    adv, ret = critic.advantages(rewards, lm, values, kl, beta=0.1)
+    adv, ret = critic_advantages(critic.cfg, rewards, lm, values, kl, beta=0.1)
     want_adv, want_ret = gae(outcome_token_rewards(rewards, lm, kl, 0.1), values, lm, gamma=1.0, lam=0.95)
     torch.testing.assert_close(ret, want_ret)
     torch.testing.assert_close(adv, whiten(want_adv, lm))
     assert abs(float(adv[lm > 0].mean())) < 1e-5 and (adv[lm == 0] == 0).all()
     critic.cfg.whiten_advantages = False
-    torch.testing.assert_close(critic.advantages(rewards, lm, values)[0],
+    torch.testing.assert_close(critic_advantages(critic.cfg, rewards, lm, values)[0],
                                gae(outcome_token_rewards(rewards, lm), values, lm, gamma=1.0, lam=0.95)[0])
+
+
+# --------------------------------------------------------------------------- in the trainer
+
+from tests.test_grpo import _cfg, digits  # noqa: E402,F401  (the test.digits domain for this module)
+
+
+def test_ppo_with_critic_changes_policy_and_critic_and_raises_reward(tiny_model_dir, tmp_path, monkeypatch):
+    import rlvr.train.grpo as grpo
+    from rlvr.model.load import load_model
+    from rlvr.monitor.metrics import read_metrics
+
+    torch.set_num_threads(1)
+    start: dict[str, torch.Tensor] = {}
+    real_build = Critic.build
+
+    def build_and_remember(*args, **kwargs):
+        critic = real_build(*args, **kwargs)
+        start.update(_state(critic))
+        return critic
+
+    monkeypatch.setattr(grpo.Critic, "build", build_and_remember)
+    cfg = _cfg(tiny_model_dir, tmp_path / "run", steps=12, **{"algo.advantage": "gae", "critic.lr": "1e-3",
+                                                                 "checkpoint_every": 12})
+    grpo.run_grpo(cfg, progress=False)
+    before = dict(load_model(tiny_model_dir).named_parameters())
+    after = dict(load_model(tmp_path / "run" / "final").named_parameters())
+    assert not [n for n, p in after.items() if torch.equal(p, before[n])]
+    critic = _state(Critic.load(tmp_path / "run" / "checkpoints" / "step_12" / "critic", cfg.critic, device="cpu",
+                                total_steps=1))
+    assert start.keys() == critic.keys() and any(k.startswith("score.") for k in start)
+    assert not [k for k in start if torch.equal(start[k], critic[k])]
+    metrics = read_metrics(tmp_path / "run")
+    rewards = [m["rollout/reward_mean"] for m in metrics]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.05, rewards
+    for key in ("critic/value_loss", "critic/value_mean", "critic/returns_mean", "critic/explained_variance",
+                "critic/grad_norm"):
+        assert all(key in m for m in metrics), key
+    assert all(m["rollout/kept_frac"] == 1.0 for m in metrics)  # zero-variance groups are kept
+
+
+def test_killed_ppo_with_critic_run_resumes_to_same_metrics(tiny_model_dir, tmp_path, monkeypatch):
+    """The critic (weights, AdamW, schedule) is in the checkpoint: a run killed after step 3 (newest
+    checkpoint: step 2) and resumed logs exactly the uninterrupted run's metrics, critic/* included."""
+    import json
+
+    import rlvr.train.grpo as grpo
+    from rlvr.monitor.metrics import read_metrics
+
+    torch.set_num_threads(1)
+    extra = {"algo.advantage": "gae", "critic.lr": "1e-3", "critic.epochs": 2, "algo.ppo_epochs": 2,
+             "algo.minibatch_size": 16, "algo.microbatch_size": 8, "algo.kl_coef": 0.05}
+    grpo.run_grpo(_cfg(tiny_model_dir, tmp_path / "straight", steps=5, **extra), progress=False)
+
+    crashed = _cfg(tiny_model_dir, tmp_path / "crashed", steps=5, **extra)
+    real_rollout = grpo.rollout
+
+    def rollout_then_die(run, tasks, policy_version):
+        if policy_version == 3:  # step 4 starts: step 3 is logged, the newest checkpoint is step 2
+            raise KeyboardInterrupt
+        return real_rollout(run, tasks, policy_version)
+
+    monkeypatch.setattr(grpo, "rollout", rollout_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        grpo.run_grpo(crashed, progress=False)
+    assert (tmp_path / "crashed" / "checkpoints" / "step_2" / "critic" / "critic_state.pt").is_file()
+    monkeypatch.setattr(grpo, "rollout", real_rollout)
+    grpo.run_grpo(crashed, resume=True, progress=False)
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+    a, b = strip(read_metrics(tmp_path / "straight")), strip(read_metrics(tmp_path / "crashed"))
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5]
+    assert all("critic/value_loss" in r and "critic/explained_variance" in r for r in a)
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)

@@ -26,12 +26,14 @@ def collate(trajectories: Sequence[Trajectory], advantages: Sequence[float], pad
 
 
 def select(batch: Batch, rows: torch.Tensor) -> Batch:
-    """Rows of a batch, trimmed to the longest remaining sequence (saves compute on padding)."""
+    """Rows of a batch, trimmed to the longest remaining sequence (saves compute on padding);
+    token-level advantages [B, T] are trimmed with the rest."""
     width = int(batch.attention_mask[rows].sum(dim=1).max())
     cut = lambda x: None if x is None else x[rows, :width]  # noqa: E731
     return Batch(
         input_ids=cut(batch.input_ids), attention_mask=cut(batch.attention_mask),
         loss_mask=cut(batch.loss_mask), old_logprobs=cut(batch.old_logprobs),
-        advantages=batch.advantages[rows], ref_logprobs=cut(batch.ref_logprobs),
+        advantages=batch.advantages[rows] if batch.advantages.dim() == 1 else cut(batch.advantages),
+        ref_logprobs=cut(batch.ref_logprobs),
         is_weights=cut(batch.is_weights), stale=None if batch.stale is None else batch.stale[rows],
     )

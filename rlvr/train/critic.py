@@ -38,6 +38,8 @@ from rlvr.rollout.engine import precision_autocast
 from rlvr.train.common import OptimConfig, build_optimizer, clip_and_step
 
 CRITIC_STATE = "critic_state.pt"
+CRITIC_DIR = "critic"  # the critic's directory inside a policy checkpoint
+GAE = "gae"  # the ``algo.advantage`` that turns the critic on
 
 
 @dataclass
@@ -107,11 +109,32 @@ def load_value_model(path: str | Path, *, device, options: ModelLoadConfig | Non
     return model.to(device)
 
 
+def value_head(model: torch.nn.Module) -> torch.nn.Module:
+    """The linear score head of a token-classification model (``score`` in the decoder families,
+    ``classifier`` in the encoder ones)."""
+    head = getattr(model, "score", None) or getattr(model, "classifier", None)
+    if not isinstance(head, torch.nn.Linear):
+        raise UserError(f"value model {type(model).__name__} has no linear 'score' or 'classifier' head")
+    return head
+
+
 def value_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """[B, T] float32 values aligned with the tokens: out[b, t] = head(hidden[b, t - 1]);
     position 0 and padded positions 0."""
     scores = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[..., 0].float()
     return F.pad(scores[:, :-1], (1, 0)) * attention_mask.to(torch.float32)
+
+
+def critic_advantages(cfg: CriticConfig, rewards: torch.Tensor, loss_mask: torch.Tensor, values: torch.Tensor,
+                      kl: torch.Tensor | None = None, beta: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token advantages [B, T], returns [B, T]) of outcome ``rewards`` [B]: the reward at each
+    sequence's last policy token, minus ``beta * kl`` at every policy token when ``kl`` is given
+    (KL in the reward), GAE with ``critic.gamma``/``critic.lam`` over the critic's ``values``
+    [B, T], advantages whitened over the batch when ``critic.whiten_advantages``; the returns (the
+    critic's targets) are not whitened."""
+    token_rewards = outcome_token_rewards(rewards.to(values.dtype), loss_mask, kl, beta)
+    adv, returns = gae(token_rewards, values, loss_mask, gamma=cfg.gamma, lam=cfg.lam)
+    return (whiten(adv, loss_mask) if cfg.whiten_advantages else adv), returns
 
 
 def _rows(rows: torch.Tensor, attention_mask: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -133,6 +156,9 @@ class Critic:
               options: ModelLoadConfig | None = None, precision: str = "model") -> "Critic":
         """A fresh critic from ``cfg.model`` (or ``policy_model`` when that is empty)."""
         model = load_value_model(cfg.model or policy_model, device=device, options=options)
+        with torch.no_grad():
+            for p in value_head(model).parameters():
+                p.zero_()
         return cls(model, cfg, total_steps, precision)
 
     def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -148,16 +174,6 @@ class Critic:
             ids, mask = _rows(rows, attention_mask, input_ids, attention_mask)
             out[rows, : ids.shape[1]] = self._forward(ids, mask)
         return out
-
-    def advantages(self, rewards: torch.Tensor, loss_mask: torch.Tensor, values: torch.Tensor,
-                   kl: torch.Tensor | None = None, beta: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """(token advantages [B, T], returns [B, T]) of outcome ``rewards`` [B]: the reward at each
-        sequence's last policy token, minus ``beta * kl`` at every policy token when ``kl`` is given
-        (KL in the reward), GAE with ``critic.gamma``/``critic.lam`` over ``values``, advantages
-        whitened over the batch when ``critic.whiten_advantages``; the returns are not whitened."""
-        token_rewards = outcome_token_rewards(rewards.to(values.dtype), loss_mask, kl, beta)
-        adv, returns = gae(token_rewards, values, loss_mask, gamma=self.cfg.gamma, lam=self.cfg.lam)
-        return (whiten(adv, loss_mask) if self.cfg.whiten_advantages else adv), returns
 
     def update(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
                returns: torch.Tensor, old_values: torch.Tensor, generator: torch.Generator, *,

@@ -88,6 +88,7 @@ from rlvr.train.allocator import keep_freed_memory
 from rlvr.train.code_tools import code_tools
 from rlvr.train.batching import collate, select
 from rlvr.train.compiled import compiled_layers
+from rlvr.train.critic import CRITIC_DIR, GAE, Critic, CriticConfig, critic_advantages
 from rlvr.train.distributed import (
     DistributedConfig,
     Group,
@@ -190,7 +191,8 @@ def refuse_with_engine(cfg) -> None:
 @dataclass
 class AlgoConfig:
     advantage: str = "grpo"
-    """Advantage estimator: grpo | dr_grpo | rloo (registry ADVANTAGES)."""
+    """Advantage estimator: grpo | dr_grpo | rloo (registry ADVANTAGES) | gae (PPO with a learned
+    critic, ``critic.*``: token advantages by GAE over the critic's values; docs/algorithms.md)."""
     policy_loss: str = "ppo_clip"
     """Policy loss (registry POLICY_LOSSES)."""
     aggregation: str = "token_mean"
@@ -204,7 +206,8 @@ class AlgoConfig:
     kl_estimator: str = "k3"
     """KL estimator: k1 | k3."""
     drop_zero_variance: bool = True
-    """Drop groups whose rewards are all equal (they carry no signal)."""
+    """Drop groups whose rewards are all equal (they carry no signal). Not applied with
+    ``advantage: gae``: the critic's advantages of such samples are not zero, and it learns from them."""
     ppo_epochs: int = 1
     """Passes over each rollout batch."""
     minibatch_size: int = 0
@@ -236,7 +239,7 @@ class AlgoConfig:
     gradients."""
 
     def __post_init__(self) -> None:
-        check_choice("algo.advantage", self.advantage, ADVANTAGES.names())
+        check_choice("algo.advantage", self.advantage, [*ADVANTAGES.names(), GAE])
         check_choice("algo.policy_loss", self.policy_loss, POLICY_LOSSES.names())
         check_choice("algo.aggregation", self.aggregation, AGGREGATIONS.names())
         check_choice("algo.kl_estimator", self.kl_estimator, KL_ESTIMATORS.names())
@@ -332,6 +335,9 @@ class GRPOConfig:
     """Which tasks each step draws: uniform over the pool (default) or the scheduler (domain mix,
     easy-to-hard stages, filtering and dynamic sampling, recycling, seesaw control;
     docs/curriculum.md)."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """With ``algo.advantage: gae`` (PPO with a learned critic): the value model, its optimizer,
+    GAE's gamma and lambda, value clipping, advantage whitening (``rlvr.train.critic``)."""
 
     def __post_init__(self) -> None:
         check_device("device", self.device)
@@ -359,6 +365,7 @@ class GRPOConfig:
                               "the scheduler learns from each batch before drawing the next, which the "
                               "asynchronous producer (drawing ahead) does not allow")
         refuse_data_parallel(self, launched().world)
+        refuse_with_critic(self, launched().world)
 
 
 def refuse_data_parallel(cfg: GRPOConfig, world: int) -> None:
@@ -375,6 +382,27 @@ def refuse_data_parallel(cfg: GRPOConfig, world: int) -> None:
         raise ConfigError(f"config key 'distributed.rollout_chunk' must be > 0 with {world} torchrun processes "
                           "(tasks per rollout chunk, dealt to the ranks; e.g. rollout.tasks_per_step / "
                           f"{world} = {max(1, cfg.rollout.tasks_per_step // world)})")
+
+
+def uses_critic(cfg: GRPOConfig) -> bool:
+    """PPO with a learned critic (``algo.advantage: gae``): the run builds, trains and checkpoints one."""
+    return cfg.algo.advantage == GAE
+
+
+def refuse_with_critic(cfg: GRPOConfig, world: int) -> None:
+    """What PPO with a learned critic does not run with: the critic lives in the synchronous local
+    trainer process, as one full model."""
+    if not uses_critic(cfg):
+        return
+    for on, key in ((cfg.asynchronous.enabled, "asynchronous.enabled"), (cfg.backend == "ray", "backend"),
+                    (cfg.lora.enabled, "lora.enabled")):
+        if on:
+            raise ConfigError(f"config key '{key}' does not work with 'algo.advantage: gae' (a learned critic): the "
+                              "critic is a full model trained in the synchronous local loop (set asynchronous.enabled: "
+                              "false, backend: local, lora.enabled: false; or a group estimator such as grpo)")
+    if world > 1:
+        raise ConfigError(f"'algo.advantage: gae' (a learned critic) does not run under torchrun ({world} processes): "
+                          "the critic is not data parallel; run one process or use a group estimator such as grpo")
 
 
 # --------------------------------------------------------------------------- the story
@@ -473,6 +501,7 @@ class Run:
     monitor: Monitor | None = None  # the detectors and the trajectory sample
     lora: object | None = None  # lora.enabled: the PeftModel around ``model`` (its get_base_model())
     group: Group = field(default_factory=Group)  # data parallel (torchrun): this rank; world 1 without
+    critic: Critic | None = None  # algo.advantage: gae (PPO with a learned critic)
 
 
 def setup(cfg: GRPOConfig, resume: bool) -> Run:
@@ -508,6 +537,12 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     if cfg.algo.gradient_checkpointing:
         enable_activation_checkpointing(model)
     optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.steps * updates_per_step)
+    critic = None
+    if uses_critic(cfg):  # the value model: fresh from critic.model (or the start model), or the checkpoint's
+        critic_steps = cfg.steps * cfg.critic.epochs * math.ceil(per_step / (cfg.algo.minibatch_size or per_step))
+        kw = dict(device=device, total_steps=critic_steps, options=cfg.model_load, precision=cfg.algo.precision)
+        critic = Critic.load(ckpt / CRITIC_DIR, cfg.critic, **kw) if ckpt is not None else \
+            Critic.build(cfg.critic, cfg.model, **kw)
     envs = EnvPool(cfg.env, sandbox) if any(t.multi_turn for t in tasks) else None
     pool = Curriculum(tasks, cfg.curriculum, cfg.seed) if cfg.curriculum.enabled else TaskPool(tasks, seed=cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -524,7 +559,7 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
                       history=read_metrics(run_dir), trajectories_every=cfg.save_trajectories_every)
     return Run(cfg, run_dir, model, tokenizer, ref_model, optimizer, scheduler, pool, generator, logger, step,
                time.perf_counter(), sandbox, envs, eval_tasks=eval_tasks, alerts=alerts, monitor=monitor, lora=lora,
-               group=group)
+               group=group, critic=critic)
 
 
 def eval_task_set(cfg: GRPOConfig) -> list[Task]:
@@ -653,7 +688,7 @@ def verify_and_reward(tasks: list[Task], episodes: list[Episode], cfg: GRPOConfi
 def select_samples(scored: list[Scored], cfg: GRPOConfig) -> list[Scored]:
     """The samples a step trains on: all but those of zero-variance groups when
     ``algo.drop_zero_variance`` (every group estimator gives them advantage 0)."""
-    if not cfg.algo.drop_zero_variance:
+    if not cfg.algo.drop_zero_variance or uses_critic(cfg):  # a critic learns from every sample
         return list(scored)
     rewards = torch.tensor([s.reward for s in scored], dtype=torch.float32)
     groups = torch.tensor([s.trajectory.group_id for s in scored], dtype=torch.long)
@@ -669,6 +704,8 @@ class Prepared:
     batch: Batch | None  # rows = ``kept`` in order; None when nothing is kept
     budget: int = 0  # the largest token budget of a kept sample (``max_tokens`` of the aggregation)
     ref_logprobs: torch.Tensor | None = None  # [B,T] the reference's (``algo.kl_coef`` > 0)
+    values: torch.Tensor | None = None  # [B,T] the critic's, before its update (``algo.advantage: gae``)
+    returns: torch.Tensor | None = None  # [B,T] the critic's targets, set with the advantages (gae)
 
 
 def prepare(run: Run, kept: list[Scored], cfg: GRPOConfig) -> Prepared:
@@ -681,6 +718,8 @@ def prepare(run: Run, kept: list[Scored], cfg: GRPOConfig) -> Prepared:
     batch = collate([s.trajectory for s in kept], [0.0] * len(kept), run.tokenizer.pad_token_id).to(device)
     budget = max(s.trajectory.token_budget(cfg.rollout.max_new_tokens) for s in kept)
     out = Prepared(kept, batch, budget, ref_logprobs=reference_logprobs(run, batch, cfg.algo))
+    if run.critic is not None:
+        out.values = run.critic.values(batch.input_ids, batch.attention_mask, cfg.algo.microbatch_size)
     batch.ref_logprobs = out.ref_logprobs  # the KL term of the loss
     return out
 
@@ -706,8 +745,19 @@ def compute_advantages(p: Prepared, cfg: GRPOConfig) -> dict:
     if not p.kept:
         return {}
     rewards = torch.tensor([s.reward for s in p.kept], dtype=torch.float32)
+    if uses_critic(cfg):
+        return gae_advantages(p, rewards, cfg)
     groups = torch.tensor([s.trajectory.group_id for s in p.kept], dtype=torch.long)
     p.batch.advantages = ADVANTAGES.get(cfg.algo.advantage)(rewards, groups).to(p.batch.input_ids.device)
+    return {}
+
+
+def gae_advantages(p: Prepared, rewards: torch.Tensor, cfg: GRPOConfig) -> dict:
+    """``algo.advantage: gae``: token advantages [B,T] by GAE over the critic's values, from each
+    sample's outcome reward at its last policy token, and the critic's targets ``p.returns``
+    (``rlvr.train.critic.critic_advantages``)."""
+    b = p.batch
+    b.advantages, p.returns = critic_advantages(cfg.critic, rewards.to(b.input_ids.device), b.loss_mask, p.values)
     return {}
 
 
@@ -746,6 +796,9 @@ def update(run: Run, p: Prepared, cfg: GRPOConfig) -> dict:
     out["train/policy_tokens"] = float(batch.loss_mask.sum())
     out["rollout/logprob_mismatch_kl"] = sum(mismatch) / len(mismatch)
     out.update(off_policy)
+    if run.critic is not None:  # the critic's epochs towards the returns, after the policy's
+        out.update(run.critic.update(batch.input_ids, batch.attention_mask, batch.loss_mask, p.returns, p.values,
+                                     run.generator, minibatch_size=a.minibatch_size, microbatch_size=a.microbatch_size))
     return out
 
 
@@ -955,5 +1008,7 @@ def checkpoint(run: Run, cfg: GRPOConfig) -> None:
         return
     pool = run.pool_state if run.pool_state is not None else run.pool.state_dict()  # async: not the producer's
     state = training_state(run.step, run.optimizer, run.scheduler, run.generator, pool=pool)
-    save_checkpoint(run.dir, run.step, run.lora if run.lora is not None else run.model, run.tokenizer, state)  # LoRA: the adapter
+    critic = (lambda d: run.critic.save(d / CRITIC_DIR)) if run.critic is not None else None  # inside the atomic checkpoint
+    save_checkpoint(run.dir, run.step, run.lora if run.lora is not None else run.model, run.tokenizer, state,  # LoRA: the adapter
+                    extra=critic)
     prune_checkpoints(run.dir, keep=cfg.keep_checkpoints)
