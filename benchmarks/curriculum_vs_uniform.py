@@ -19,12 +19,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.grpo_arms import (
+    arm_config,
+    figure,
+    held_out,
+    pass_bars,
+    pass_summary,
+    print_pass_table,
+    save_figure,
+    spread,
+)
 
 ARMS = ("uniform", "curriculum")
 
@@ -43,11 +53,6 @@ def waste(metrics: list[dict], tasks_per_step: int) -> dict:
     return {"groups_drawn": groups, "zero_variance_groups": wasted,
             "zero_variance_step_equivalents": wasted / tasks_per_step,
             "steps_without_update": sum(1 for m in metrics if m.get("train/skipped"))}
-
-
-def spread(values: list[float]) -> dict:
-    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
-            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "values": values}
 
 
 def main() -> None:
@@ -71,16 +76,11 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers.utils import logging as hf_logging
 
-    import rlvr.tasks  # noqa: F401
-    from rlvr.config import apply_overrides, from_dict, read_yaml
+    from rlvr.config import read_yaml
     from rlvr.errors import UserError
-    from rlvr.eval.evaluate import EvalConfig, evaluate
-    from rlvr.model.load import load_model_and_tokenizer
     from rlvr.monitor.cpu import idle_cpu
     from rlvr.monitor.metrics import read_metrics
-    from rlvr.sandbox.config import shared_sandbox
-    from rlvr.tasks.sets import build_task_set
-    from rlvr.train.grpo import GRPOConfig, run_grpo
+    from rlvr.train.grpo import run_grpo
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
@@ -88,28 +88,17 @@ def main() -> None:
         raise UserError(f"--model {args.model} is not a model directory; run `rlvr quickstart` (or the recipe) first")
     recipe = read_yaml(args.recipe)
     idle = idle_cpu()
-    eval_cfg = from_dict(EvalConfig, {**recipe.get("eval", {}), "seed": args.eval_seed,
-                                      **({"tasks": args.eval_tasks} if args.eval_tasks else {})})
-    held_out = build_task_set(eval_cfg.domains, "eval", eval_cfg.tasks, seed=eval_cfg.seed, levels=eval_cfg.levels)
-
-    def held_out_eval(model_dir: str) -> dict:
-        model, tok = load_model_and_tokenizer(model_dir)
-        shared_sandbox()
-        report = evaluate(model, tok, held_out, eval_cfg)
-        by = {d: s["pass@1"] for d, s in report["by_domain"].items()}
-        return {"by_domain": by, "domain_mean": statistics.fmean(by.values()), "overall": report["overall"]["pass@1"]}
+    held_out_tasks, held_out_eval = held_out(recipe, args.eval_seed, args.eval_tasks)
 
     sft = held_out_eval(args.model)
     print(f"SFT: {json.dumps(sft)}", flush=True)
     runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
     for i, seed in enumerate(args.seeds):
         for arm in (ARMS if i % 2 == 0 else ARMS[::-1]):
-            grpo = dict(recipe.get("grpo", {}))
-            grpo.update({"model": args.model, "out": f"{args.out}/{arm}_s{seed}", "seed": seed, "steps": args.steps,
-                         "eval_every": args.eval_every, "checkpoint_every": args.steps,
-                         "eval": {**recipe.get("eval", {}), "tasks": 150}})  # the periodic eval (seesaw)
             extra = args.overrides + (["curriculum.enabled=true"] + args.curriculum_set if arm == "curriculum" else [])
-            cfg = from_dict(GRPOConfig, apply_overrides(grpo, extra))
+            cfg = arm_config(recipe, args.model, f"{args.out}/{arm}_s{seed}", seed, args.steps, extra,
+                             eval_every=args.eval_every, checkpoint_every=args.steps,
+                             eval={**recipe.get("eval", {}), "tasks": 150})  # the periodic eval (seesaw)
             start = time.perf_counter()
             run_grpo(cfg, progress=False)
             wall = time.perf_counter() - start
@@ -118,25 +107,17 @@ def main() -> None:
             runs[arm].append(result)
             print(f"{arm} seed {seed}: {json.dumps(result)}", flush=True)
 
-    summary = {arm: {"domain_mean": spread([r["domain_mean"] for r in rs]),
-                     "overall": spread([r["overall"] for r in rs]),
-                     "by_domain": {d: spread([r["by_domain"][d] for r in rs]) for d in rs[0]["by_domain"]},
-                     "wall_s": spread([r["wall_s"] for r in rs]),
+    summary = {arm: {**pass_summary(rs), "wall_s": spread([r["wall_s"] for r in rs]),
                      "zero_variance_step_equivalents": spread([r["zero_variance_step_equivalents"] for r in rs])}
                for arm, rs in runs.items()}
-    print(f"\nidle CPU at start: {idle:.0f}%   steps: {args.steps}   seeds: {args.seeds}   held-out tasks: {len(held_out)}")
-    domains = sorted(sft["by_domain"])
-    print(f"{'':<12}" + "".join(f"{d:>13}" for d in domains) + f"{'mean':>13}{'wall s':>9}{'0-var steps':>13}")
-    print(f"{'SFT':<12}" + "".join(f"{100 * sft['by_domain'][d]:>13.1f}" for d in domains)
-          + f"{100 * sft['domain_mean']:>13.1f}")
-    for arm, s in summary.items():
-        cells = "".join(f"{100 * s['by_domain'][d]['mean']:>8.1f}±{100 * s['by_domain'][d]['std']:<4.1f}" for d in domains)
-        print(f"{arm:<12}{cells}{100 * s['domain_mean']['mean']:>8.1f}±{100 * s['domain_mean']['std']:<4.1f}"
-              f"{s['wall_s']['mean']:>9.0f}{s['zero_variance_step_equivalents']['mean']:>13.1f}")
+    print(f"\nidle CPU at start: {idle:.0%}   steps: {args.steps}   seeds: {args.seeds}   "
+          f"held-out tasks: {len(held_out_tasks)}")
+    print_pass_table(sft, summary, {"wall s": lambda s: f"{s['wall_s']['mean']:.0f}",
+                                    "0-var steps": lambda s: f"{s['zero_variance_step_equivalents']['mean']:.1f}"})
     diff = [c["domain_mean"] - u["domain_mean"] for c, u in zip(runs["curriculum"], runs["uniform"])]
     print(f"curriculum - uniform, domain-mean pass@1 per seed (points): {[round(100 * d, 1) for d in diff]}")
     out = {"idle_cpu": idle, "steps": args.steps, "seeds": args.seeds, "model": args.model, "recipe": args.recipe,
-           "held_out_tasks": len(held_out), "eval_seed": args.eval_seed, "sft": sft, "runs": runs,
+           "held_out_tasks": len(held_out_tasks), "eval_seed": args.eval_seed, "sft": sft, "runs": runs,
            "summary": summary, "curriculum_minus_uniform": diff}
     if args.json_path:
         Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
@@ -146,31 +127,9 @@ def main() -> None:
 
 
 def plot(out: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    domains = sorted(out["sft"]["by_domain"]) + ["mean"]
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    for j, arm in enumerate(("sft",) + ARMS):
-        if arm == "sft":
-            ys = [out["sft"]["by_domain"].get(d, out["sft"]["domain_mean"]) for d in domains]
-            errs = None
-        else:
-            s = out["summary"][arm]
-            ys = [s["by_domain"][d]["mean"] if d != "mean" else s["domain_mean"]["mean"] for d in domains]
-            errs = [s["by_domain"][d]["std"] if d != "mean" else s["domain_mean"]["std"] for d in domains]
-        ax.bar([i + (j - 1) * 0.27 for i in range(len(domains))], ys, width=0.27, yerr=errs, capsize=3, label=arm)
-    ax.set_xticks(range(len(domains)), domains)
-    ax.set_ylabel("held-out pass@1 (greedy)")
-    ax.set_ylim(0, 1)
-    ax.legend()
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig, ax = figure()
+    pass_bars(ax, out, list(ARMS))
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":
