@@ -111,6 +111,18 @@ def _check_model_dir(path: str | Path) -> Path:
     return p
 
 
+def pretrained_kwargs(path: str | Path, options: ModelLoadConfig | None = None,
+                      dtype: torch.dtype | None = None) -> tuple[Path, dict]:
+    """A checked model directory and the ``from_pretrained`` keyword arguments that load it as
+    ``load_model`` does (dtype, local files only, remote code when opted in); for other Auto
+    classes (the PPO critic's ``AutoModelForTokenClassification``)."""
+    p = _check_model_dir(path)
+    kwargs = {dtype_kwarg(): resolve_dtype(p, options, dtype), "local_files_only": True}
+    if _check_remote_code(p, options):
+        kwargs["trust_remote_code"] = True
+    return p, kwargs
+
+
 def load_model(path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
                options: ModelLoadConfig | None = None) -> PreTrainedModel:
     """Load a causal LM from a local directory on ``device``, in eval mode, in ``dtype`` if given,
@@ -122,11 +134,7 @@ def load_model(path: str | Path, *, dtype: torch.dtype | None = None, device: st
     if Path(path).is_dir() and is_adapter_dir(path):
         base = load_model(adapter_base(path), dtype=dtype, device=device, options=options)
         return load_adapter_dir(base, path).to(device).eval()
-    p = _check_model_dir(path)
-    trust = _check_remote_code(p, options)
-    kwargs = {dtype_kwarg(): resolve_dtype(p, options, dtype), "local_files_only": True}
-    if trust:
-        kwargs["trust_remote_code"] = True
+    p, kwargs = pretrained_kwargs(path, options, dtype)
     try:
         model = AutoModelForCausalLM.from_pretrained(p, **kwargs)
     except Exception as e:  # missing/corrupt weights (safetensors' own errors too), unknown architecture

@@ -33,7 +33,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 from rlvr.algos.gae import explained_variance, gae, outcome_token_rewards, value_loss, whiten
 from rlvr.config import check_range
 from rlvr.errors import UserError
-from rlvr.model.load import ModelLoadConfig, _check_model_dir, _check_remote_code, dtype_kwarg, resolve_dtype
+from rlvr.model.load import ModelLoadConfig, dtype_kwarg, pretrained_kwargs
 from rlvr.rollout.engine import precision_autocast
 from rlvr.train.common import OptimConfig, build_optimizer, clip_and_step
 
@@ -88,10 +88,7 @@ class CriticConfig:
 def load_value_model(path: str | Path, *, device, options: ModelLoadConfig | None = None) -> torch.nn.Module:
     """A causal-LM (or saved value-model) directory as a one-label token-classification model:
     the decoder's weights loaded, the score head fresh unless the directory has one."""
-    p = _check_model_dir(path)
-    kwargs = {dtype_kwarg(): resolve_dtype(p, options, None), "local_files_only": True}
-    if _check_remote_code(p, options):
-        kwargs["trust_remote_code"] = True
+    p, kwargs = pretrained_kwargs(path, options)
     try:
         config = AutoConfig.from_pretrained(p, **{k: v for k, v in kwargs.items() if k != dtype_kwarg()})
         config.num_labels = 1
