@@ -147,7 +147,7 @@ def test_advantages_are_whitened_gae_of_outcome_rewards_with_kl(critic):
 
 # --------------------------------------------------------------------------- in the trainer
 
-from tests.test_grpo import _cfg, digits  # noqa: E402,F401  (the test.digits domain for this module)
+from tests.test_grpo import _cfg, digits, killed_and_straight_metrics  # noqa: E402,F401  (digits: test.digits here)
 
 
 def test_ppo_with_critic_changes_policy_and_critic_and_raises_reward(tiny_model_dir, tmp_path, monkeypatch):
@@ -189,33 +189,11 @@ def test_killed_ppo_with_critic_run_resumes_to_same_metrics(tiny_model_dir, tmp_
     checkpoint: step 2) and resumed logs exactly the uninterrupted run's metrics, critic/* included."""
     import json
 
-    import rlvr.train.grpo as grpo
-    from rlvr.monitor.metrics import read_metrics
-
     torch.set_num_threads(1)
     extra = {"algo.advantage": "gae", "critic.lr": "1e-3", "critic.epochs": 2, "algo.ppo_epochs": 2,
              "algo.minibatch_size": 16, "algo.microbatch_size": 8, "algo.kl_coef": 0.05}
-    grpo.run_grpo(_cfg(tiny_model_dir, tmp_path / "straight", steps=5, **extra), progress=False)
-
-    crashed = _cfg(tiny_model_dir, tmp_path / "crashed", steps=5, **extra)
-    real_rollout = grpo.rollout
-
-    def rollout_then_die(run, tasks, policy_version):
-        if policy_version == 3:  # step 4 starts: step 3 is logged, the newest checkpoint is step 2
-            raise KeyboardInterrupt
-        return real_rollout(run, tasks, policy_version)
-
-    monkeypatch.setattr(grpo, "rollout", rollout_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        grpo.run_grpo(crashed, progress=False)
-    assert (tmp_path / "crashed" / "checkpoints" / "step_2" / "critic" / "critic_state.pt").is_file()
-    monkeypatch.setattr(grpo, "rollout", real_rollout)
-    grpo.run_grpo(crashed, resume=True, progress=False)
-
-    def strip(rows):
-        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
-
-    a, b = strip(read_metrics(tmp_path / "straight")), strip(read_metrics(tmp_path / "crashed"))
+    a, b = killed_and_straight_metrics(tiny_model_dir, tmp_path, monkeypatch, extra)
+    assert (tmp_path / "crashed" / "checkpoints" / "step_4" / "critic" / "critic_state.pt").is_file()
     assert [r["step"] for r in b] == [1, 2, 3, 4, 5]
     assert all("critic/value_loss" in r and "critic/explained_variance" in r for r in a)
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)

@@ -144,12 +144,20 @@ def _graph_ops(fn) -> set[str]:
                                        "algo.kl_coef": 0.05, "algo.ppo_epochs": 2, "algo.minibatch_size": 16,
                                        "algo.microbatch_size": 8}])
 def test_killed_run_resumes_to_same_metrics(tiny_model_dir, tmp_path, monkeypatch, extra):
+    a, b = killed_and_straight_metrics(tiny_model_dir, tmp_path, monkeypatch, extra)
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5]
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def killed_and_straight_metrics(model_dir, tmp_path, monkeypatch, extra: dict) -> tuple[list, list]:
+    """The metrics (no timings) of a 5-step run, and of the same run killed as step 4 starts (step 3
+    logged, the newest checkpoint step 2) and resumed."""
     import rlvr.train.grpo as grpo
 
-    straight = _cfg(tiny_model_dir, tmp_path / "straight", steps=5, **extra)
+    straight = _cfg(model_dir, tmp_path / "straight", steps=5, **extra)
     grpo.run_grpo(straight, progress=False)
 
-    crashed = _cfg(tiny_model_dir, tmp_path / "crashed", steps=5, **extra)
+    crashed = _cfg(model_dir, tmp_path / "crashed", steps=5, **extra)
     real_rollout = grpo.rollout
 
     def rollout_then_die(run, tasks, policy_version):
@@ -167,9 +175,7 @@ def test_killed_run_resumes_to_same_metrics(tiny_model_dir, tmp_path, monkeypatc
     def strip(rows):
         return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
 
-    a, b = strip(read_metrics(tmp_path / "straight")), strip(read_metrics(tmp_path / "crashed"))
-    assert [r["step"] for r in b] == [1, 2, 3, 4, 5]
-    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    return strip(read_metrics(tmp_path / "straight")), strip(read_metrics(tmp_path / "crashed"))
 
 
 def test_task_files_join_the_pool_and_broken_tasks_are_dropped(tiny_model_dir, tmp_path, capsys):
