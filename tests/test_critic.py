@@ -68,6 +68,14 @@ def test_critic_fits_returns(critic, tiny_model_dir):
     assert m["critic/explained_variance"] > 0.5
 
 
+def test_explained_variance_is_left_out_when_returns_do_not_vary(critic):
+    ids, attn, lm, _ = _batch(critic.model.config.vocab_size)
+    same = torch.where(lm > 0, 1.0, 0.0)
+    old = critic.values(ids, attn, microbatch_size=3)
+    m = critic.update(ids, attn, lm, same, old, torch.Generator().manual_seed(0), minibatch_size=0, microbatch_size=3)
+    assert "critic/explained_variance" not in m and m["critic/returns_mean"] == 1.0
+
+
 def _state(critic: Critic) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in critic.model.state_dict().items()}
 
@@ -197,3 +205,4 @@ def test_killed_ppo_with_critic_run_resumes_to_same_metrics(tiny_model_dir, tmp_
     assert [r["step"] for r in b] == [1, 2, 3, 4, 5]
     assert all("critic/value_loss" in r and "critic/explained_variance" in r for r in a)
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+

@@ -21,6 +21,7 @@ Not here: packing (the critic's forward is the plain padded one), LoRA critics, 
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,7 +180,8 @@ class Critic:
         clipped around ``old_values``, the values the advantages were computed from), one
         optimizer step per mini-batch (0: the whole batch), micro-batched. Metrics under
         ``critic/``: value_loss, value_clip_frac, grad_norm (means over optimizer steps), lr, and
-        of the batch before the update: value_mean, returns_mean, explained_variance."""
+        of the batch before the update: value_mean, returns_mean, explained_variance (left out
+        when the returns do not vary)."""
         n = input_ids.shape[0]
         mb = minibatch_size or n
         self.model.train()
@@ -207,7 +209,9 @@ class Critic:
         out["critic/lr"] = self.scheduler.get_last_lr()[0]
         out["critic/value_mean"] = float(old_values[on].mean()) if on.any() else 0.0
         out["critic/returns_mean"] = float(returns[on].mean()) if on.any() else 0.0
-        out["critic/explained_variance"] = explained_variance(old_values, returns, loss_mask)
+        ev = explained_variance(old_values, returns, loss_mask)
+        if math.isfinite(ev):  # undefined when the returns do not vary: left out, not logged as nan
+            out["critic/explained_variance"] = ev
         return out
 
     def save(self, directory: str | Path) -> None:
