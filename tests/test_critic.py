@@ -206,3 +206,31 @@ def test_killed_ppo_with_critic_run_resumes_to_same_metrics(tiny_model_dir, tmp_
     assert all("critic/value_loss" in r and "critic/explained_variance" in r for r in a)
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
+
+def test_ppo_with_critic_on_two_turn_episodes_raises_reward(tiny_model_dir, tmp_path, monkeypatch):
+    """Environment tokens in the middle of every trajectory: GAE skips them (the next policy token is
+    the next timestep) and the run still learns to answer both turns with digits."""
+    import rlvr.train.grpo as grpo
+    from rlvr.config import load_config
+    from rlvr.model.load import load_model_and_tokenizer
+    from rlvr.monitor.metrics import read_metrics
+    from tests.test_grpo_multiturn import twoturn_registered
+
+    torch.set_num_threads(1)
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    bias = torch.zeros(model.lm_head.out_features)  # as test_grpo_multiturn: a random model rarely ends a turn
+    bias[tok.eos_token_id] = 3.0
+    model.lm_head.bias = torch.nn.Parameter(bias, requires_grad=False)
+    monkeypatch.setattr(grpo, "load_model_and_tokenizer", lambda path, **kw: (model, tok))
+    overrides = [
+        f"model={tiny_model_dir}", f"out={tmp_path / 'run'}", "domains=[test.twoturn]", "levels=[1]",
+        "train_tasks=16", "rollout.tasks_per_step=4", "rollout.samples_per_task=8", "env.turn_tokens=8",
+        "env.max_tokens=16", "env.max_turns=2", "reward.outcome=score", "optim.lr=1e-2", "optim.warmup_steps=0",
+        "steps=12", "checkpoint_every=100", "save_trajectories_every=100", "algo.advantage=gae", "critic.lr=1e-3",
+    ]
+    with twoturn_registered():
+        grpo.run_grpo(load_config(grpo.GRPOConfig, None, overrides), progress=False)
+    metrics = read_metrics(tmp_path / "run")
+    rewards = [m["rollout/reward_mean"] for m in metrics]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.03, rewards
+    assert metrics[-1]["rollout/turns_mean"] > 1.5
