@@ -63,6 +63,27 @@ def test_k1_and_k3_estimate_true_kl():
         assert abs(est - true_kl) < 0.02, name
 
 
+@pytest.mark.parametrize("name", sorted(KL_REFERENCES))
+def test_kl_reward_penalty_matches_a_loop_and_ignores_off_mask_garbage(name):
+    from rlvr.algos.kl import kl_reward_penalty, masked_kl
+
+    gen = torch.Generator().manual_seed(1)
+    lp = -torch.rand(4, 7, generator=gen, dtype=torch.float64) * 4
+    ref = -torch.rand(4, 7, generator=gen, dtype=torch.float64) * 4
+    mask = torch.tensor([[0, 0, 1, 1, 1, 0, 0], [0, 1, 1, 0, 1, 1, 0], [0] * 7, [1] * 7], dtype=torch.float64)
+    lp[mask == 0] = float("nan")  # off the mask: anything, never leaks
+    ref[(mask == 0) & (torch.arange(7) % 2 == 0)] = float("inf")
+    beta = 0.3
+    expected = [beta * sum(KL_REFERENCES[name](float(lp[i, t]), float(ref[i, t])) for t in range(7) if mask[i, t])
+                for i in range(4)]
+    got = kl_reward_penalty(lp, ref, mask, name, beta)
+    assert got.shape == (4,) and torch.isfinite(got).all()
+    assert got.tolist() == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert got[2] == 0.0  # an empty mask: no penalty
+    per_token = masked_kl(lp, ref, mask, name)
+    assert (per_token[mask == 0] == 0).all() and per_token.sum(-1).mul(beta).allclose(got)
+
+
 def test_kl_unknown_lists_choices():
     with pytest.raises(UserError, match="k1, k2, k3"):
         KL_ESTIMATORS.get("k4")

@@ -7,8 +7,10 @@ tokens sampled from pi and log_r = logpi_ref - logpi:
 - ``k3`` = exp(log_r) - log_r - 1: unbiased, low variance, >= 0 (GRPO, DeepSeekMath Eq. 4).
 
 One signature, registered in ``KL_ESTIMATORS``: ``fn(logprobs, ref_logprobs) -> Tensor`` of the
-same shape (elementwise; usually [B,T]). This module neither masks nor aggregates: the trainer
-reduces with the loss aggregation over ``loss_mask`` and scales by beta (default 0, i.e. off).
+same shape (elementwise; usually [B,T]). The estimators neither mask nor aggregate: with the KL in
+the loss the trainer reduces with the loss aggregation over ``loss_mask`` and scales by beta
+(default 0, i.e. off); with the KL in the reward (``algo.kl_in_reward``) ``masked_kl`` and
+``kl_reward_penalty`` give the per-token values and the per-sequence penalty.
 """
 
 from __future__ import annotations
@@ -62,3 +64,29 @@ def logprob_mismatch_kl(trainer_logprobs: Tensor, behaviour_logprobs: Tensor, ma
     kl = k3(behaviour_logprobs.detach().to(trainer_logprobs.dtype), trainer_logprobs.detach())
     kl = torch.where(m > 0, kl, torch.zeros_like(kl))  # off-mask values may be anything (inf, stale)
     return float(kl.sum() / m.sum().clamp(min=1))
+
+
+def masked_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: str) -> Tensor:
+    """Per-token KL estimate ``KL_ESTIMATORS[estimator](logprobs, ref_logprobs)`` on ``mask == 1``,
+    exactly 0 elsewhere (off-mask values may be anything, inf and nan included; they never leak).
+
+    logprobs [B,T], ref_logprobs [B,T], mask [B,T] -> [B,T] (logprobs' dtype), no gradient.
+    """
+    on = mask > 0
+    zero = torch.zeros_like(logprobs)
+    lp = torch.where(on, logprobs.detach(), zero)
+    ref = torch.where(on, ref_logprobs.detach().to(logprobs.dtype), zero)
+    return torch.where(on, KL_ESTIMATORS.get(estimator)(lp, ref), zero)
+
+
+def kl_reward_penalty(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: str, beta: float) -> Tensor:
+    """KL in the reward, sequence level: beta * sum_t kl_t over each sequence's policy tokens.
+
+    The trainer subtracts it from each sample's reward before the advantage estimator (r_i - beta *
+    sum_t kl_{i,t}; the sequence-level form of Ziegler et al. 2019, "Fine-Tuning Language Models
+    from Human Preferences", Eq. 2, and of verl's ``use_kl_in_reward``), with ``logprobs`` the
+    sampling log-probs and ``kl_t`` the ``estimator`` of ``masked_kl``; the loss then has no KL term.
+
+    logprobs [B,T], ref_logprobs [B,T], mask [B,T] -> penalties [B] (>= 0 for k2/k3), no gradient.
+    """
+    return beta * masked_kl(logprobs, ref_logprobs, mask, estimator).sum(dim=-1)

@@ -5,10 +5,13 @@ caller's thread. The trainer's phase function generates with the trainer's own m
 ``push`` has nothing to copy) and the run's one random generator, which makes a run with a fixed
 seed repeat exactly.
 
-Dynamic sampling (``refill_rounds`` > 0, the curriculum's ``filter.refill_rounds``): groups whose
-rewards are all equal carry no signal; for each of them another task is drawn, generated and
-verified, up to ``refill_rounds`` more times, so the update sees ``tasks_per_step`` groups with
-signal whenever the pool has them. Every round's batch goes to the pool's ``observe``.
+Dynamic sampling (``refill_rounds`` > 0: the curriculum's ``filter.refill_rounds`` or
+``algo.dynamic_sampling_rounds``; DAPO, Yu et al. 2025, Sec. 3.2): groups whose rewards are all
+equal carry no signal; for each of them another task is drawn, generated and verified, up to
+``refill_rounds`` more times, so the update sees ``tasks_per_step`` groups with signal whenever the
+pool has them. Each round draws only the missing groups, so the signal groups never exceed
+``tasks_per_step``. Every round's batch goes to the pool's ``observe``. The counts (rounds, groups
+drawn, zero-variance share) are logged under ``refill_metrics`` (``curriculum/``, ``dynamic_sampling/``).
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ from rlvr.types import Scored, Task
 
 class SyncRollout:
     """``generate(tasks, version) -> episodes`` and ``verify(tasks, episodes) -> scored`` are the
-    trainer's phase functions; ``pool`` is the task pool (curriculum) the batches are drawn from."""
+    trainer's phase functions; ``pool`` is the task pool (curriculum) the batches are drawn from;
+    ``refill_metrics`` the prefix of the dynamic-sampling counts."""
 
     def __init__(self, *, pool, tasks_per_step: int, generate: Callable, verify: Callable,
-                 refill_rounds: int = 0) -> None:
+                 refill_rounds: int = 0, refill_metrics: str = "curriculum") -> None:
         self.pool, self.tasks_per_step = pool, tasks_per_step
         self.generate_fn, self.verify_fn = generate, verify
-        self.refill_rounds = refill_rounds
+        self.refill_rounds, self.refill_metrics = refill_rounds, refill_metrics
 
     def next(self, trainer_version: int) -> RolloutBatch:
         timings: dict[str, float] = defaultdict(float)
@@ -57,8 +61,9 @@ class SyncRollout:
             if rounds > self.refill_rounds:
                 break
             wanted = self.tasks_per_step - signal_groups(scored)
-        counts = {"curriculum/rounds": float(rounds), "curriculum/groups_drawn": float(drawn_groups),
-                  "curriculum/zero_variance_frac": 1.0 - signal_groups(scored) / drawn_groups} if self.refill_rounds else {}
+        name = self.refill_metrics
+        counts = {f"{name}/rounds": float(rounds), f"{name}/groups_drawn": float(drawn_groups),
+                  f"{name}/zero_variance_frac": 1.0 - signal_groups(scored) / drawn_groups} if self.refill_rounds else {}
         pool_state = dict(self.pool.state_dict())
         return RolloutBatch(trainer_version, tasks, scored, trainer_version, pool_state, None, dict(timings), counts)
 

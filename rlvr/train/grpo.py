@@ -5,11 +5,16 @@ One step:  batch = source.next()          which tasks (curriculum), then n sampl
                                            tasks play episodes in their environments), then
                                            ``verify_and_reward``: verdict -> reward terms
            monitor.screen()                reward-hack detectors on the samples: alert, zero, stop
-           select_samples()                zero-variance groups dropped
+           select_samples()                zero-variance groups dropped (dynamic sampling, in the
+                                           source, refilled them: ``algo.dynamic_sampling_rounds``)
            prepare()                       the kept samples collated once, and the no-grad forwards
-                                           on them: the reference's log-probs (KL)
+                                           on them: the reference's log-probs (KL), the teacher's
+                                           (``distill``)
            compute_advantages()            ADVANTAGES[...] per group over the kept samples' rewards
-           update()                        PPO-clip epochs over mini/micro-batches
+                                           (less the KL penalty: ``algo.kl_in_reward``); the
+                                           teacher's per-token reverse-KL signal added, or alone
+           update()                        truncated rows out (``algo.overlong_filter``), then
+                                           PPO-clip epochs over mini/micro-batches
            source.push(model)              the rollout side gets the new weights
            log, eval, checkpoint           metrics.jsonl + TensorBoard, sampled trajectories, the
                                            detectors over the metrics (docs/monitoring.md);
@@ -45,7 +50,8 @@ from rich.progress import Progress
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rlvr.algos.advantages import ADVANTAGES, group_has_variance
-from rlvr.algos.kl import KL_ESTIMATORS, logprob_mismatch_kl
+from rlvr.algos.distill import reverse_kl, reverse_kl_advantages
+from rlvr.algos.kl import KL_ESTIMATORS, kl_reward_penalty, logprob_mismatch_kl
 from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES
 from rlvr.algos.off_policy import correct_off_policy
 from rlvr.config import check_choice, check_device, check_range, resolve_device, to_dict
@@ -101,6 +107,7 @@ from rlvr.train.distributed import (
     open_group,
     rank_device,
 )
+from rlvr.train.teacher import DistillConfig, load_teacher
 from rlvr.train.memory import checkpointing, enable_activation_checkpointing
 from rlvr.train.packing import packed_logprobs
 from rlvr.train.common import (
@@ -204,10 +211,26 @@ class AlgoConfig:
     kl_coef: float = 0.0
     """Weight of the KL penalty to the frozen initial policy (0 = off, no reference model)."""
     kl_estimator: str = "k3"
-    """KL estimator: k1 | k3."""
+    """KL estimator: k1 | k2 | k3 (registry KL_ESTIMATORS)."""
+    kl_in_reward: bool = False
+    """With ``kl_coef`` > 0: the KL to the reference in the reward instead of the loss. Each kept
+    sample's reward becomes r - kl_coef * sum_t kl_t over its policy tokens (``kl_estimator`` on the
+    sampling log-probs against the reference's) before the advantage estimator, and the loss has no
+    KL term (``rlvr.algos.kl.kl_reward_penalty``; metric ``rollout/kl_penalty_mean``)."""
     drop_zero_variance: bool = True
     """Drop groups whose rewards are all equal (they carry no signal). Not applied with
     ``advantage: gae``: the critic's advantages of such samples are not zero, and it learns from them."""
+    dynamic_sampling_rounds: int = 0
+    """DAPO dynamic sampling without the curriculum (Yu et al. 2025, Sec. 3.2): for the groups whose
+    rewards are all equal, draw, roll out and verify more tasks, up to this many extra rounds, until
+    the batch has ``rollout.tasks_per_step`` groups with signal (0 = off: those groups are only
+    dropped). Metrics ``dynamic_sampling/rounds``, ``/groups_drawn``, ``/zero_variance_frac``. With
+    the curriculum use ``curriculum.filter.refill_rounds`` instead; not in asynchronous mode."""
+    overlong_filter: bool = False
+    """DAPO overlong filtering (Yu et al. 2025, Sec. 3.4): samples cut at the length limit
+    (``finish_reason == "length"``) keep their place in their group's advantages, but their rows
+    leave the update (metric ``train/overlong_filtered_frac``). Distinct from ``reward.overlong``,
+    which changes the reward of long samples."""
     ppo_epochs: int = 1
     """Passes over each rollout batch."""
     minibatch_size: int = 0
@@ -248,6 +271,14 @@ class AlgoConfig:
         check_range("algo.microbatch_size", self.microbatch_size, 1)
         check_range("algo.minibatch_size", self.minibatch_size, 0)
         check_range("algo.logits_chunk", self.logits_chunk, 0)
+        check_range("algo.kl_coef", self.kl_coef, 0.0)
+        check_range("algo.dynamic_sampling_rounds", self.dynamic_sampling_rounds, 0)
+        if self.kl_in_reward and not self.kl_coef > 0:
+            raise ConfigError("config key 'algo.kl_in_reward' needs 'algo.kl_coef' > 0 (the weight of the KL penalty "
+                              "in the reward); with algo.kl_coef: 0 there is no reference model")
+        if self.dynamic_sampling_rounds and not self.drop_zero_variance:
+            raise ConfigError("config key 'algo.dynamic_sampling_rounds' refills the zero-variance groups that "
+                              "'algo.drop_zero_variance' drops: set algo.drop_zero_variance: true")
         if self.compile and self.gradient_checkpointing:
             raise ConfigError("config keys 'algo.compile' and 'algo.gradient_checkpointing' cannot both be true: "
                               "the compiled layers are not recomputed in the backward")
@@ -335,6 +366,9 @@ class GRPOConfig:
     """Which tasks each step draws: uniform over the pool (default) or the scheduler (domain mix,
     easy-to-hard stages, filtering and dynamic sampling, recycling, seesaw control;
     docs/curriculum.md)."""
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    """On-policy distillation: a teacher's per-token log-probs on the student's samples as a
+    reverse-KL signal, added to the verifiable reward's advantages or alone (docs/algorithms.md)."""
     critic: CriticConfig = field(default_factory=CriticConfig)
     """With ``algo.advantage: gae`` (PPO with a learned critic): the value model, its optimizer,
     GAE's gamma and lambda, value clipping, advantage whitening (``rlvr.train.critic``)."""
@@ -364,8 +398,37 @@ class GRPOConfig:
             raise ConfigError("config keys 'curriculum.enabled' and 'asynchronous.enabled' cannot both be true: "
                               "the scheduler learns from each batch before drawing the next, which the "
                               "asynchronous producer (drawing ahead) does not allow")
+        refuse_sampling_options(self)
         refuse_data_parallel(self, launched().world)
         refuse_with_critic(self, launched().world)
+
+
+def refuse_sampling_options(cfg: GRPOConfig) -> None:
+    """The combinations dynamic sampling (``algo.dynamic_sampling_rounds``) and distillation
+    (``distill.teacher``) do not run with."""
+    a, c = cfg.algo, cfg.curriculum
+    if a.dynamic_sampling_rounds and c.enabled and c.filter.enabled and c.filter.refill_rounds:
+        raise ConfigError("config keys 'algo.dynamic_sampling_rounds' and 'curriculum.filter.refill_rounds' both "
+                          "refill zero-variance groups: with the curriculum set curriculum.filter.refill_rounds only "
+                          "(and algo.dynamic_sampling_rounds: 0)")
+    if a.dynamic_sampling_rounds and cfg.asynchronous.enabled:
+        raise ConfigError("config key 'algo.dynamic_sampling_rounds' works with the synchronous rollout only: the "
+                          "asynchronous producer draws ahead of the update (set asynchronous.enabled: false)")
+    d = cfg.distill
+    if not d.enabled:
+        return
+    for on, key in ((cfg.asynchronous.enabled, "asynchronous.enabled"), (cfg.backend == "ray", "backend"),
+                    (a.advantage not in ADVANTAGES.names(), "algo.advantage")):
+        if on:
+            raise ConfigError(f"config key 'distill.teacher' runs in the synchronous local loop with a group "
+                              f"estimator (ADVANTAGES) only: set '{key}' to one (asynchronous.enabled: false, "
+                              "backend: local, algo.advantage: grpo)")
+    if launched().world > 1:
+        raise ConfigError(f"config key 'distill.teacher' does not run under torchrun ({launched().world} processes)")
+    if d.alone and (a.dynamic_sampling_rounds or a.kl_in_reward):
+        key = "algo.dynamic_sampling_rounds" if a.dynamic_sampling_rounds else "algo.kl_in_reward"
+        raise ConfigError(f"config key '{key}' acts on the verifiable reward, which 'distill.mode: alone' does not "
+                          "use: set distill.mode: add, or turn it off")
 
 
 def refuse_data_parallel(cfg: GRPOConfig, world: int) -> None:
@@ -501,6 +564,7 @@ class Run:
     monitor: Monitor | None = None  # the detectors and the trajectory sample
     lora: object | None = None  # lora.enabled: the PeftModel around ``model`` (its get_base_model())
     group: Group = field(default_factory=Group)  # data parallel (torchrun): this rank; world 1 without
+    teacher: torch.nn.Module | None = None  # distill.teacher: frozen, on the policy's device
     critic: Critic | None = None  # algo.advantage: gae (PPO with a learned critic)
 
 
@@ -523,6 +587,8 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     if cfg.algo.kl_coef > 0 and lora is None:  # with LoRA the reference is the model with adapters off
         ref_model, _ = load_model_and_tokenizer(cfg.model, device=device, options=cfg.model_load)
         ref_model.eval().requires_grad_(False)
+    teacher = load_teacher(cfg.distill, cfg.model, tokenizer, device=device, options=cfg.model_load) \
+        if cfg.distill.enabled else None
     user_tasks = file_tasks(cfg.task_files, check=False)
     # The process-wide sandbox (the code verifier runs there), opened with this run's config.
     sandbox = shared_sandbox(cfg.sandbox, log_dir) if needs_sandbox(cfg.domains, user_tasks) else None
@@ -559,7 +625,7 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
                       history=read_metrics(run_dir), trajectories_every=cfg.save_trajectories_every)
     return Run(cfg, run_dir, model, tokenizer, ref_model, optimizer, scheduler, pool, generator, logger, step,
                time.perf_counter(), sandbox, envs, eval_tasks=eval_tasks, alerts=alerts, monitor=monitor, lora=lora,
-               group=group, critic=critic)
+               teacher=teacher, group=group, critic=critic)
 
 
 def eval_task_set(cfg: GRPOConfig) -> list[Task]:
@@ -602,16 +668,23 @@ def sampling(run: Run):
     return sampling_weights(run.lora) if run.lora is not None else contextlib.nullcontext(run.model)
 
 
+def dynamic_sampling(cfg: GRPOConfig) -> dict:
+    """The synchronous sources' refill settings: the curriculum's ``filter.refill_rounds`` (metrics
+    ``curriculum/*``) or ``algo.dynamic_sampling_rounds`` (metrics ``dynamic_sampling/*``)."""
+    c = cfg.curriculum
+    if c.enabled and c.filter.enabled and c.filter.refill_rounds:
+        return {"refill_rounds": c.filter.refill_rounds, "refill_metrics": "curriculum"}
+    return {"refill_rounds": cfg.algo.dynamic_sampling_rounds, "refill_metrics": "dynamic_sampling"}
+
+
 def engine_source(run: Run, cfg: GRPOConfig) -> RolloutSource:
     """The synchronous phases generating on the ``rollout.engine`` engine (``rlvr.rollout.engines``),
     which gets the trainer's weights after each update and must serve each batch's version."""
     setup = EngineSetup(run.model, run.tokenizer, cfg.rollout, run.dir, cfg.model, run.step, cfg.seed)
     engine = ENGINES.get(cfg.rollout.engine)(setup)
-    c = cfg.curriculum
     sync = SyncRollout(generate=lambda tasks, version: rollout(run, tasks, version, engine),
                        verify=functools.partial(verify_and_reward, cfg=cfg), pool=run.pool,
-                       tasks_per_step=cfg.rollout.tasks_per_step,
-                       refill_rounds=c.filter.refill_rounds if c.enabled and c.filter.enabled else 0)
+                       tasks_per_step=cfg.rollout.tasks_per_step, **dynamic_sampling(cfg))
     return EngineSource(sync, engine)
 
 
@@ -622,22 +695,21 @@ def rollout_source(run: Run, cfg: GRPOConfig) -> RolloutSource:
     if cfg.rollout.engine != "rlvr":
         return engine_source(run, cfg)
     verify = functools.partial(verify_and_reward, cfg=cfg)
-    c = cfg.curriculum
-    refill = c.filter.refill_rounds if c.enabled and c.filter.enabled else 0
+    refill = dynamic_sampling(cfg)
     workers = ray_workers(run, cfg, verify) if cfg.backend == "ray" else None
     common = dict(pool=run.pool, tasks_per_step=cfg.rollout.tasks_per_step)
     if not cfg.asynchronous.enabled:
         if workers is not None:
             from rlvr.workers.ray_rollout import RayRollout
 
-            return RayRollout(workers, generator=run.generator, refill_rounds=refill, **common)
+            return RayRollout(workers, generator=run.generator, **refill, **common)
         if cfg.distributed.rollout_chunk:  # data parallel: chunks dealt to the ranks, gathered after verify
             phases = ShardedPhases(generate=functools.partial(chunk_rollout, run), verify=verify, gather=gather,
                                    rank=run.group.rank, world=run.group.world, generator=run.generator,
                                    chunk=cfg.distributed.rollout_chunk)
-            return SyncRollout(generate=phases.generate, verify=phases.verify, refill_rounds=refill, **common)
+            return SyncRollout(generate=phases.generate, verify=phases.verify, **refill, **common)
         return SyncRollout(generate=lambda tasks, version: rollout(run, tasks, version), verify=verify,
-                           refill_rounds=refill, **common)
+                           **refill, **common)
     if workers is not None:
         from rlvr.workers.ray_rollout import RayAsyncRollout
 
@@ -687,7 +759,10 @@ def verify_and_reward(tasks: list[Task], episodes: list[Episode], cfg: GRPOConfi
 
 def select_samples(scored: list[Scored], cfg: GRPOConfig) -> list[Scored]:
     """The samples a step trains on: all but those of zero-variance groups when
-    ``algo.drop_zero_variance`` (every group estimator gives them advantage 0)."""
+    ``algo.drop_zero_variance`` (every group estimator gives them advantage 0). With
+    ``distill.mode: alone`` every sample: the teacher's per-token signal needs no group variance."""
+    if cfg.distill.alone:
+        return list(scored)
     if not cfg.algo.drop_zero_variance or uses_critic(cfg):  # a critic learns from every sample
         return list(scored)
     rewards = torch.tensor([s.reward for s in scored], dtype=torch.float32)
@@ -704,6 +779,7 @@ class Prepared:
     batch: Batch | None  # rows = ``kept`` in order; None when nothing is kept
     budget: int = 0  # the largest token budget of a kept sample (``max_tokens`` of the aggregation)
     ref_logprobs: torch.Tensor | None = None  # [B,T] the reference's (``algo.kl_coef`` > 0)
+    teacher_logprobs: torch.Tensor | None = None  # [B,T] the teacher's (``distill.teacher``)
     values: torch.Tensor | None = None  # [B,T] the critic's, before its update (``algo.advantage: gae``)
     returns: torch.Tensor | None = None  # [B,T] the critic's targets, set with the advantages (gae)
 
@@ -711,7 +787,8 @@ class Prepared:
 def prepare(run: Run, kept: list[Scored], cfg: GRPOConfig) -> Prepared:
     """``kept`` collated once, and the no-grad forwards on it at the weights that sampled it,
     before any optimizer step of this update: the reference's log-probs (``algo.kl_coef`` > 0; with
-    LoRA the model with its adapters off). Data parallel: every rank prepares the whole batch."""
+    LoRA the model with its adapters off; in the loss's batch unless ``algo.kl_in_reward``) and the
+    teacher's (``distill.teacher``). Data parallel: every rank prepares the whole batch."""
     if not kept:
         return Prepared(kept, None)
     device = next(run.model.parameters()).device
@@ -720,7 +797,11 @@ def prepare(run: Run, kept: list[Scored], cfg: GRPOConfig) -> Prepared:
     out = Prepared(kept, batch, budget, ref_logprobs=reference_logprobs(run, batch, cfg.algo))
     if run.critic is not None:
         out.values = run.critic.values(batch.input_ids, batch.attention_mask, cfg.algo.microbatch_size)
-    batch.ref_logprobs = out.ref_logprobs  # the KL term of the loss
+    if run.teacher is not None:
+        with torch.no_grad():
+            out.teacher_logprobs = logprobs_of(run.teacher, batch, cfg.algo)
+    if not cfg.algo.kl_in_reward:
+        batch.ref_logprobs = out.ref_logprobs  # the KL term of the loss
     return out
 
 
@@ -741,15 +822,34 @@ def reference_logprobs(run: Run, batch: Batch, a: AlgoConfig) -> torch.Tensor | 
 
 def compute_advantages(p: Prepared, cfg: GRPOConfig) -> dict:
     """``p.batch.advantages``: the sequence-level estimator (``ADVANTAGES``) per group over the
-    kept samples' rewards. Returns the step's advantage metrics."""
+    kept samples' rewards, less the KL penalty with ``algo.kl_in_reward``; with distillation
+    ([B,T]) the teacher's per-token signal added to them (``distill.mode: add``) or alone.
+    Returns the step's advantage metrics."""
     if not p.kept:
         return {}
     rewards = torch.tensor([s.reward for s in p.kept], dtype=torch.float32)
     if uses_critic(cfg):
         return gae_advantages(p, rewards, cfg)
+    a, b, metrics = cfg.algo, p.batch, {}
+    if cfg.distill.alone:  # the teacher's signal is the only one
+        return distill_advantages(p, torch.zeros_like(b.old_logprobs), cfg)
+    if a.kl_in_reward:  # r_i - beta * sum_t kl_{i,t}, before the estimator
+        penalty = kl_reward_penalty(b.old_logprobs, p.ref_logprobs, b.loss_mask, a.kl_estimator, a.kl_coef)
+        rewards = rewards - penalty.to(rewards)
+        metrics["rollout/kl_penalty_mean"] = float(penalty.mean())
     groups = torch.tensor([s.trajectory.group_id for s in p.kept], dtype=torch.long)
-    p.batch.advantages = ADVANTAGES.get(cfg.algo.advantage)(rewards, groups).to(p.batch.input_ids.device)
-    return {}
+    b.advantages = ADVANTAGES.get(a.advantage)(rewards, groups).to(b.input_ids.device)
+    if p.teacher_logprobs is not None:
+        metrics.update(distill_advantages(p, b.advantages[:, None], cfg))
+    return metrics
+
+
+def distill_advantages(p: Prepared, base: torch.Tensor, cfg: GRPOConfig) -> dict:
+    """``p.batch.advantages`` [B,T] = ``base`` + the teacher's per-token reverse-KL signal
+    (``rlvr.algos.distill``), and the step's ``distill/reverse_kl``."""
+    b = p.batch
+    b.advantages = base + reverse_kl_advantages(b.old_logprobs, p.teacher_logprobs, b.loss_mask, cfg.distill.coef)
+    return {"distill/reverse_kl": reverse_kl(b.old_logprobs, p.teacher_logprobs, b.loss_mask)}
 
 
 def gae_advantages(p: Prepared, rewards: torch.Tensor, cfg: GRPOConfig) -> dict:
@@ -761,10 +861,34 @@ def gae_advantages(p: Prepared, rewards: torch.Tensor, cfg: GRPOConfig) -> dict:
     return {}
 
 
-def update(run: Run, p: Prepared, cfg: GRPOConfig) -> dict:
-    """PPO-clip epochs over mini-batches (one optimizer step each), micro-batched for memory."""
+def drop_overlong(p: Prepared) -> dict:
+    """``algo.overlong_filter`` (DAPO, Yu et al. 2025, Sec. 3.4): the samples cut at the length
+    limit leave ``p`` (their rewards already took part in their groups' advantages): their rows of
+    the batch and of every per-sample tensor of ``p``. The share filtered, as a metric."""
+    truncated = [s.trajectory.finish_reason == "length" for s in p.kept]
+    out = {"train/overlong_filtered_frac": sum(truncated) / len(truncated)}
+    if not any(truncated):
+        return out
+    rows = torch.tensor([i for i, t in enumerate(truncated) if not t], dtype=torch.long)
+    p.kept = [s for s, t in zip(p.kept, truncated) if not t]
     if not p.kept:
-        return {"train/skipped": 1.0}
+        p.batch = None
+        return out
+    p.batch = select(p.batch, rows)
+    width = p.batch.input_ids.shape[1]
+    for f in dataclasses.fields(p):  # the reference's, the teacher's, ... log-probs: same rows, same width
+        x = getattr(p, f.name)
+        if isinstance(x, torch.Tensor):
+            setattr(p, f.name, x[rows.to(x.device), :width] if x.dim() == 2 else x[rows.to(x.device)])
+    return out
+
+
+def update(run: Run, p: Prepared, cfg: GRPOConfig) -> dict:
+    """Truncated rows out (``algo.overlong_filter``), then PPO-clip epochs over mini-batches (one
+    optimizer step each), micro-batched for memory."""
+    filtered = drop_overlong(p) if p.kept and cfg.algo.overlong_filter else {}
+    if not p.kept:
+        return {"train/skipped": 1.0, **filtered}
     a, batch, kept, budget = cfg.algo, p.batch, p.kept, p.budget
     off_policy = off_policy_correction(run, batch, kept, cfg) if cfg.asynchronous.enabled else {}
     mismatch: list[float] = []  # rollout/logprob_mismatch_kl, from forwards before the first optimizer step
@@ -796,6 +920,7 @@ def update(run: Run, p: Prepared, cfg: GRPOConfig) -> dict:
     out["train/policy_tokens"] = float(batch.loss_mask.sum())
     out["rollout/logprob_mismatch_kl"] = sum(mismatch) / len(mismatch)
     out.update(off_policy)
+    out.update(filtered)
     if run.critic is not None:  # the critic's epochs towards the returns, after the policy's
         out.update(run.critic.update(batch.input_ids, batch.attention_mask, batch.loss_mask, p.returns, p.values,
                                      run.generator, minibatch_size=a.minibatch_size, microbatch_size=a.microbatch_size))

@@ -129,8 +129,9 @@ class RayRollout(SyncRollout):
     """The synchronous ``RolloutSource`` on Ray actors: draw here, generate and verify there."""
 
     def __init__(self, workers: RayWorkers, *, pool, tasks_per_step: int, generator: torch.Generator,
-                 refill_rounds: int = 0) -> None:
+                 refill_rounds: int = 0, refill_metrics: str = "curriculum") -> None:
         super().__init__(pool=pool, tasks_per_step=tasks_per_step, refill_rounds=refill_rounds,
+                         refill_metrics=refill_metrics,
                          generate=lambda tasks, version: workers.generate(tasks, version, generator),
                          verify=workers.verify)
         self.workers = workers
