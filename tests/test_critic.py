@@ -207,6 +207,39 @@ def test_killed_ppo_with_critic_run_resumes_to_same_metrics(tiny_model_dir, tmp_
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
+def test_kl_in_reward_with_the_critic_is_per_token(tiny_model_dir, monkeypatch):
+    """``algo.kl_in_reward`` with gae: -kl_coef * kl_t at every policy token of the token rewards
+    (not the sequence sum on the outcome), and no KL term in the loss's batch."""
+    import rlvr.train.grpo as grpo
+    from rlvr.algos.gae import gae, outcome_token_rewards, whiten
+    from rlvr.algos.kl import masked_kl
+    from rlvr.types import Batch
+
+    cfg = _cfg(tiny_model_dir, "unused", **{"algo.advantage": "gae", "algo.kl_coef": 0.1, "algo.kl_in_reward": "true",
+                                            "algo.kl_estimator": "k1"})
+    g = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[0, 1, 1, 0, 1.], [0, 0, 1, 1, 0]])
+    old, ref = torch.randn(2, 5, generator=g), torch.randn(2, 5, generator=g)
+    batch = Batch(input_ids=torch.zeros(2, 5, dtype=torch.long), attention_mask=torch.ones(2, 5, dtype=torch.long),
+                  loss_mask=mask, old_logprobs=old, advantages=torch.zeros(2))
+    p = grpo.Prepared(kept=[object(), object()], batch=batch, budget=5, ref_logprobs=ref,
+                      values=torch.randn(2, 5, generator=g))
+    rewards = torch.tensor([1.0, 0.0])
+    metrics = grpo.gae_advantages(p, rewards, cfg)
+    kl = masked_kl(old, ref, mask, "k1")
+    adv, ret = gae(outcome_token_rewards(rewards, mask, kl, 0.1), p.values, mask, gamma=1.0, lam=0.95)
+    torch.testing.assert_close(p.returns, ret)
+    torch.testing.assert_close(batch.advantages, whiten(adv, mask))
+    assert abs(metrics["rollout/kl_penalty_mean"] - float(0.1 * kl.sum(-1).mean())) < 1e-6
+
+
+@pytest.mark.parametrize("key,value", [("asynchronous.enabled", "true"), ("backend", "ray"), ("lora.enabled", "true"),
+                                       ("algo.dynamic_sampling_rounds", 2)])
+def test_combinations_the_critic_does_not_run_with_are_refused(tiny_model_dir, key, value):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.") + ".*gae"):
+        _cfg(tiny_model_dir, "unused", **{"algo.advantage": "gae", key: value})
+
+
 def test_ppo_with_critic_on_two_turn_episodes_raises_reward(tiny_model_dir, tmp_path, monkeypatch):
     """Environment tokens in the middle of every trajectory: GAE skips them (the next policy token is
     the next timestep) and the run still learns to answer both turns with digits."""

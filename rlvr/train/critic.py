@@ -151,7 +151,7 @@ class Critic:
 
     @classmethod
     def build(cls, cfg: CriticConfig, policy_model: str, *, device, total_steps: int,
-              options: ModelLoadConfig | None = None, precision: str = "model") -> "Critic":
+              options: ModelLoadConfig | None = None, precision: str = "model") -> Critic:
         """A fresh critic from ``cfg.model`` (or ``policy_model`` when that is empty)."""
         model = load_value_model(cfg.model or policy_model, device=device, options=options)
         with torch.no_grad():
@@ -223,7 +223,7 @@ class Critic:
 
     @classmethod
     def load(cls, directory: str | Path, cfg: CriticConfig, *, device, total_steps: int,
-             options: ModelLoadConfig | None = None, precision: str = "model") -> "Critic":
+             options: ModelLoadConfig | None = None, precision: str = "model") -> Critic:
         """A critic as ``save`` wrote it: the value model, its optimizer and schedule state."""
         critic = cls(load_value_model(directory, device=device, options=options), cfg, total_steps, precision)
         state = torch.load(Path(directory) / CRITIC_STATE, map_location="cpu", weights_only=False)

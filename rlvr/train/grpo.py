@@ -51,7 +51,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rlvr.algos.advantages import ADVANTAGES, group_has_variance
 from rlvr.algos.distill import reverse_kl, reverse_kl_advantages
-from rlvr.algos.kl import KL_ESTIMATORS, kl_reward_penalty, logprob_mismatch_kl
+from rlvr.algos.kl import KL_ESTIMATORS, kl_reward_penalty, logprob_mismatch_kl, masked_kl
 from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES
 from rlvr.algos.off_policy import correct_off_policy
 from rlvr.config import check_choice, check_device, check_range, resolve_device, to_dict
@@ -463,6 +463,10 @@ def refuse_with_critic(cfg: GRPOConfig, world: int) -> None:
             raise ConfigError(f"config key '{key}' does not work with 'algo.advantage: gae' (a learned critic): the "
                               "critic is a full model trained in the synchronous local loop (set asynchronous.enabled: "
                               "false, backend: local, lora.enabled: false; or a group estimator such as grpo)")
+    if cfg.algo.dynamic_sampling_rounds:
+        raise ConfigError("config key 'algo.dynamic_sampling_rounds' refills zero-variance groups, which "
+                          "'algo.advantage: gae' keeps and trains on (the critic's advantages are not zero there): "
+                          "set algo.dynamic_sampling_rounds: 0")
     if world > 1:
         raise ConfigError(f"'algo.advantage: gae' (a learned critic) does not run under torchrun ({world} processes): "
                           "the critic is not data parallel; run one process or use a group estimator such as grpo")
@@ -855,10 +859,13 @@ def distill_advantages(p: Prepared, base: torch.Tensor, cfg: GRPOConfig) -> dict
 def gae_advantages(p: Prepared, rewards: torch.Tensor, cfg: GRPOConfig) -> dict:
     """``algo.advantage: gae``: token advantages [B,T] by GAE over the critic's values, from each
     sample's outcome reward at its last policy token, and the critic's targets ``p.returns``
-    (``rlvr.train.critic.critic_advantages``)."""
-    b = p.batch
-    b.advantages, p.returns = critic_advantages(cfg.critic, rewards.to(b.input_ids.device), b.loss_mask, p.values)
-    return {}
+    (``rlvr.train.critic.critic_advantages``). With ``algo.kl_in_reward``, -kl_coef * kl_t at every
+    policy token (sampling log-probs against the reference's), as InstructGPT and OpenRLHF."""
+    a, b = cfg.algo, p.batch
+    kl = masked_kl(b.old_logprobs, p.ref_logprobs, b.loss_mask, a.kl_estimator) if a.kl_in_reward else None
+    b.advantages, p.returns = critic_advantages(cfg.critic, rewards.to(b.input_ids.device), b.loss_mask, p.values,
+                                                kl, a.kl_coef)
+    return {} if kl is None else {"rollout/kl_penalty_mean": float(a.kl_coef * kl.sum(-1).mean())}
 
 
 def drop_overlong(p: Prepared) -> dict:
