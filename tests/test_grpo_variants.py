@@ -196,3 +196,34 @@ def test_dynamic_sampling_with_the_curriculum_off_its_refill(tiny_model_dir, tmp
     assert dynamic_sampling(cfg) == {"refill_rounds": 3, "refill_metrics": "dynamic_sampling"}
     cfg = _cfg(tiny_model_dir, tmp_path / "x", **{"curriculum.enabled": "true"})
     assert dynamic_sampling(cfg) == {"refill_rounds": 2, "refill_metrics": "curriculum"}
+
+
+def test_dynamic_sampling_and_kl_in_reward_under_torchrun_train_what_one_process_does(tiny_model_dir, tmp_path):
+    """Data parallel (2 processes, gloo) with dynamic sampling and the KL in the reward: the same
+    metrics as one process (the refill rounds run on every rank alike)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    from rlvr.cli import main
+    from test_distributed import ROOT, _close, _metrics, _train_args
+
+    args = _train_args(tmp_path, tiny_model_dir)
+    (tmp_path / "variety.py").write_text(textwrap.dedent('''
+        def variety(prompts, completions, **columns):  # flat for 6 of the 8 prompts
+            return [len(set(c)) / 8 if ("cats" in str(p) or "tea" in str(p)) else 0.5
+                    for p, c in zip(prompts, completions)]
+    '''))
+    args += [a for s in ("steps=3", "algo.dynamic_sampling_rounds=6", "algo.kl_coef=0.1", "algo.kl_in_reward=true",
+                         "rollout.tasks_per_step=2") for a in ("--set", s)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "rlvr.cli", *args, "--out", str(tmp_path / "two")], env=env, capture_output=True,
+                          text=True, check=False, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    one = _metrics(tmp_path / "one")
+    assert [m["train/samples"] for m in one] == [2 * 4] * 3
+    assert max(m["dynamic_sampling/rounds"] for m in one) > 1 and all("rollout/kl_penalty_mean" in m for m in one)
+    _close(one, _metrics(tmp_path / "two"))

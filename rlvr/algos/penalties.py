@@ -6,9 +6,10 @@
   passed to the policy loss as ``is_weights``.
 
 Pure tensor functions; this module does not decide whether a sample was truncated (that is the
-trajectory's ``finish_reason``). Nothing in rlvr masks truncated samples out of the loss (DAPO's
-overlong filtering is not implemented): a truncated sample is handled only through its reward,
-by this soft penalty or by the fixed penalty of ``reward.overlong=truncated`` (``rlvr/rewards.py``).
+trajectory's ``finish_reason``). These change a truncated sample's reward (this soft penalty, or
+the fixed penalty of ``reward.overlong=truncated`` in ``rlvr/rewards.py``) and keep it in the loss;
+DAPO's overlong filtering, which takes truncated samples out of the loss instead, is the trainer's
+``algo.overlong_filter`` (``rlvr.train.grpo.drop_overlong``: rows leave the batch, no math here).
 """
 
 from __future__ import annotations
