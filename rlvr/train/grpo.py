@@ -9,17 +9,20 @@ One step:  batch = source.next()          which tasks (curriculum), then n sampl
                                            source, refilled them: ``algo.dynamic_sampling_rounds``)
            prepare()                       the kept samples collated once, and the no-grad forwards
                                            on them: the reference's log-probs (KL), the teacher's
-                                           (``distill``)
+                                           (``distill``), the critic's values (``algo.advantage: gae``)
            compute_advantages()            ADVANTAGES[...] per group over the kept samples' rewards
-                                           (less the KL penalty: ``algo.kl_in_reward``); the
-                                           teacher's per-token reverse-KL signal added, or alone
-           update()                        truncated rows out (``algo.overlong_filter``), then
-                                           PPO-clip epochs over mini/micro-batches
+                                           (less the KL penalty: ``algo.kl_in_reward``), or GAE over
+                                           the critic's values; the teacher's per-token reverse-KL
+                                           signal added, or alone
+           update()                        truncated rows out (``algo.overlong_filter``), then the
+                                           policy loss's epochs over mini/micro-batches (and the
+                                           critic's)
            source.push(model)              the rollout side gets the new weights
            log, eval, checkpoint           metrics.jsonl + TensorBoard, sampled trajectories, the
                                            detectors over the metrics (docs/monitoring.md);
                                            checkpoints atomic, resumable
-Algorithm variants live in registries (``rlvr.algos``); this file never branches on their names.
+Algorithm variants live in registries (``rlvr.algos``); this file never branches on their names
+(the learned critic, ``uses_critic``, is a component it builds, not a registry entry).
 
 Batches come from a ``RolloutSource`` (``rlvr.rollout.source``): ``next`` gives the verified
 batch of a step, ``push`` takes the weights after the update. The default (``SyncRollout``) runs
@@ -198,10 +201,11 @@ def refuse_with_engine(cfg) -> None:
 @dataclass
 class AlgoConfig:
     advantage: str = "grpo"
-    """Advantage estimator: grpo | dr_grpo | rloo (registry ADVANTAGES) | gae (PPO with a learned
-    critic, ``critic.*``: token advantages by GAE over the critic's values; docs/algorithms.md)."""
+    """Advantage estimator: grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline (registry
+    ADVANTAGES) | gae (PPO with a learned critic, ``critic.*``: token advantages by GAE over the
+    critic's values; docs/algorithms.md)."""
     policy_loss: str = "ppo_clip"
-    """Policy loss (registry POLICY_LOSSES)."""
+    """Policy loss: ppo_clip | gspo | cispo (registry POLICY_LOSSES)."""
     aggregation: str = "token_mean"
     """token_mean (DAPO) | seq_mean_token_mean (GRPO) | seq_mean_token_sum_norm (Dr. GRPO)."""
     clip_low: float = 0.2
@@ -490,7 +494,7 @@ def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) ->
                 with timer("advantage"):
                     kept = select_samples(scored, cfg)  # zero-variance groups dropped
                 with timer("prepare"):
-                    prepared = prepare(run, kept, cfg)  # collated once; the reference's log-probs
+                    prepared = prepare(run, kept, cfg)  # collated once; reference, teacher log-probs; values
                 with timer("advantage"):
                     advantage_metrics = compute_advantages(prepared, cfg)
                 with timer("update"):
