@@ -119,6 +119,25 @@ def test_a_directory_that_is_not_a_model_is_a_user_error(tmp_path):
 
 
 
+def test_a_critic_model_of_another_vocabulary_is_refused(tiny_model_dir, tmp_path):
+    import rlvr.tasks  # noqa: F401  (the math corpus)
+    from rlvr.model.checkpoint import save_model_dir
+    from rlvr.model.load import load_tokenizer
+    from rlvr.model.tiny import TinyModelConfig, build_tiny_model
+    from rlvr.model.tokenizer import train_tokenizer
+    from rlvr.tasks.base import DOMAINS
+
+    other_tok = train_tokenizer(DOMAINS.get("math.word").corpus(1, 100), vocab_size=290)
+    small = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32)
+    save_model_dir(tmp_path / "other", build_tiny_model(small, other_tok, seed=0), other_tok)
+    policy_tok = load_tokenizer(tiny_model_dir)
+    kw = dict(device="cpu", total_steps=1, tokenizer=policy_tok)
+    with pytest.raises(ConfigError, match="critic.model.*vocabulary"):
+        Critic.build(CriticConfig(model=str(tmp_path / "other")), tiny_model_dir, **kw)
+    ok = Critic.build(CriticConfig(model=tiny_model_dir), tiny_model_dir, **kw)  # the same tokenizer: a critic
+    assert ok.model.config.num_labels == 1
+
+
 def test_checkpoint_extra_is_inside_the_atomic_checkpoint(tiny_model_dir, tmp_path):
     from rlvr.model.checkpoint import latest_checkpoint, save_checkpoint
     from rlvr.model.load import load_model_and_tokenizer

@@ -33,8 +33,8 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 
 from rlvr.algos.gae import explained_variance, gae, outcome_token_rewards, value_loss, whiten
 from rlvr.config import check_range
-from rlvr.errors import UserError
-from rlvr.model.load import ModelLoadConfig, dtype_kwarg, pretrained_kwargs
+from rlvr.errors import ConfigError, UserError
+from rlvr.model.load import ModelLoadConfig, dtype_kwarg, load_tokenizer, pretrained_kwargs
 from rlvr.rollout.engine import precision_autocast
 from rlvr.train.common import OptimConfig, build_optimizer, clip_and_step
 
@@ -107,6 +107,19 @@ def load_value_model(path: str | Path, *, device, options: ModelLoadConfig | Non
     return model.to(device)
 
 
+def require_policy_vocabulary(path: str, model: torch.nn.Module, policy_model: str, tokenizer,
+                              options: ModelLoadConfig | None) -> None:
+    """ConfigError naming ``critic.model`` unless the value model's directory has the policy's
+    tokenizer vocabulary and an embedding row for each of its ids."""
+    theirs = load_tokenizer(path, require_chat_template=False, options=options).get_vocab()
+    ours = tokenizer.get_vocab()
+    rows = model.get_input_embeddings().weight.shape[0]
+    if theirs != ours or rows < len(tokenizer):
+        raise ConfigError(f"config key 'critic.model': {path!r} ({len(theirs)} tokens, {rows} embedding rows) does "
+                          f"not have the vocabulary of the policy {policy_model!r} ({len(ours)} tokens): the critic "
+                          "reads the policy's token ids, so both need one tokenizer (or leave critic.model empty)")
+
+
 def value_head(model: torch.nn.Module) -> torch.nn.Module:
     """The linear score head of a token-classification model (``score`` in the decoder families,
     ``classifier`` in the encoder ones)."""
@@ -151,9 +164,13 @@ class Critic:
 
     @classmethod
     def build(cls, cfg: CriticConfig, policy_model: str, *, device, total_steps: int,
-              options: ModelLoadConfig | None = None, precision: str = "model") -> Critic:
-        """A fresh critic from ``cfg.model`` (or ``policy_model`` when that is empty)."""
+              options: ModelLoadConfig | None = None, precision: str = "model", tokenizer=None) -> Critic:
+        """A fresh critic from ``cfg.model`` (or ``policy_model`` when that is empty). Given the
+        policy's ``tokenizer``, a ``cfg.model`` of another vocabulary is refused (the critic reads
+        the policy's token ids)."""
         model = load_value_model(cfg.model or policy_model, device=device, options=options)
+        if cfg.model and tokenizer is not None:
+            require_policy_vocabulary(cfg.model, model, policy_model, tokenizer, options)
         with torch.no_grad():
             for p in value_head(model).parameters():
                 p.zero_()

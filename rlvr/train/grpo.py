@@ -616,7 +616,7 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
         critic_steps = cfg.steps * cfg.critic.epochs * math.ceil(per_step / (cfg.algo.minibatch_size or per_step))
         kw = dict(device=device, total_steps=critic_steps, options=cfg.model_load, precision=cfg.algo.precision)
         critic = Critic.load(ckpt / CRITIC_DIR, cfg.critic, **kw) if ckpt is not None else \
-            Critic.build(cfg.critic, cfg.model, **kw)
+            Critic.build(cfg.critic, cfg.model, tokenizer=tokenizer, **kw)
     envs = EnvPool(cfg.env, sandbox) if any(t.multi_turn for t in tasks) else None
     pool = Curriculum(tasks, cfg.curriculum, cfg.seed) if cfg.curriculum.enabled else TaskPool(tasks, seed=cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
