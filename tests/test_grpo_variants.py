@@ -227,3 +227,23 @@ def test_dynamic_sampling_and_kl_in_reward_under_torchrun_train_what_one_process
     assert [m["train/samples"] for m in one] == [2 * 4] * 3
     assert max(m["dynamic_sampling/rounds"] for m in one) > 1 and all("rollout/kl_penalty_mean" in m for m in one)
     _close(one, _metrics(tmp_path / "two"))
+
+
+def test_a_killed_run_with_every_option_resumes_to_the_same_metrics(tiny_model_dir, tmp_path, monkeypatch):
+    """Dynamic sampling (refills drawn from the pool: its state is checkpointed after them), KL in
+    the reward, overlong filtering and distillation (the teacher reloaded) together."""
+    import json
+
+    from test_grpo import killed_and_straight_metrics
+
+    torch.set_num_threads(1)
+    extra = {"domains": "[test.flat]", "train_tasks": 90, "algo.dynamic_sampling_rounds": 4, "algo.kl_coef": 0.1,
+             "algo.kl_in_reward": "true", "algo.overlong_filter": "true", "rollout.max_new_tokens": 12,
+             "distill.teacher": tiny_model_dir, "distill.coef": 0.5}
+    with flat_registered():
+        straight, crashed = killed_and_straight_metrics(tiny_model_dir, tmp_path, monkeypatch, extra)
+    assert max(m["dynamic_sampling/rounds"] for m in straight) > 1
+    assert sum(m.get("train/samples", 0.0) > 0 for m in straight) >= 3, straight  # most steps trained
+    assert all({"rollout/kl_penalty_mean", "distill/reverse_kl", "train/overlong_filtered_frac"} <= set(m) for m in straight)
+    assert [r["step"] for r in crashed] == [1, 2, 3, 4, 5]
+    assert json.dumps(straight, sort_keys=True) == json.dumps(crashed, sort_keys=True)
