@@ -15,8 +15,9 @@ also depends on the other groups' rewards.
 
 This module does not broadcast advantages to tokens, drop zero-variance groups or touch the
 batch: ``group_has_variance`` returns the mask, and the trainer (``rlvr/train/grpo.py:
-compute_advantages``) drops the samples of groups without variance when
-``algo.drop_zero_variance`` is on. Nothing refills the batch: a step trains on the samples left.
+select_samples``) drops the samples of groups without variance when ``algo.drop_zero_variance``
+is on. Refilling the batch (dynamic sampling: ``algo.dynamic_sampling_rounds``, or the
+curriculum's ``filter.refill_rounds``) is the rollout source's (``rlvr.rollout.sync_rollout``).
 """
 
 from __future__ import annotations
