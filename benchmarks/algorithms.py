@@ -16,8 +16,8 @@ of the GRPO run (model load and sandbox start included); seconds per step = the 
 of the step's logged phases (``time/wait`` + ``monitor`` + ``advantage`` + ``prepare`` +
 ``update`` + ``weight_sync``: rollout, verification and update, what a longer run pays per step),
 with the rollout and update medians and every logged phase's beside it. Summary per arm: mean, min-max and sample std over seeds.
-``--merge`` joins the runs of JSONs written by this script (e.g. the critic arm run later, same
-model, steps, seeds and held-out draw) into one JSON and PNG without running anything.
+``--merge`` joins the runs of JSONs written by this script by arm and seed (an arm or a seed run
+later, same model, steps and held-out draw) into one JSON and PNG without running anything.
 """
 
 from __future__ import annotations
@@ -148,21 +148,26 @@ def report(out: dict, json_path: str | None, png: str | None) -> None:
 
 
 def merge(paths: list[str]) -> dict:
-    """The runs of several JSONs of this script, by arm; refused when their setups differ."""
+    """The runs of several JSONs of this script joined by arm and seed (another arm, or more seeds of
+    one); refused when their setups differ or an arm has the same seed in two of them."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
     first = parts[0]
-    for p, part in zip(paths[1:], parts[1:]):
+    runs: dict[str, list[dict]] = {}
+    for p, part in zip(paths, parts):
         for key in ("model", "recipe", "steps", "eval_seed", "held_out_tasks", "overrides", "threads"):
             if part.get(key) != first.get(key):
                 raise SystemExit(f"--merge: {p} has {key} = {part.get(key)!r}, {paths[0]} has {first.get(key)!r}")
-        clash = set(part["runs"]) & set(first["runs"])
-        if clash:
-            raise SystemExit(f"--merge: arms {sorted(clash)} are in both {paths[0]} and {p}")
-    merged = {k: v for k, v in first.items() if k not in ("runs", "summary", "arms", "idle_cpu", "seeds")}
+        for arm, rs in part["runs"].items():
+            seen = {r["seed"] for r in runs.get(arm, [])}
+            if seen & {r["seed"] for r in rs}:
+                raise SystemExit(f"--merge: arm {arm} has seeds {sorted(seen & {r['seed'] for r in rs})} "
+                                 f"in both {p} and an earlier file")
+            runs[arm] = sorted(runs.get(arm, []) + rs, key=lambda r: r["seed"])
+    merged = {k: v for k, v in first.items() if k not in ("runs", "summary", "arms", "idle_cpu", "seeds", "code")}
     merged.update({"merged_from": paths, "idle_cpu": {p: part["idle_cpu"] for p, part in zip(paths, parts)},
+                   "code": {p: part.get("code") for p, part in zip(paths, parts)},
                    "seeds": sorted({s for part in parts for s in part["seeds"]}),
-                   "arms": {a: o for part in parts for a, o in part["arms"].items()},
-                   "runs": {a: rs for part in parts for a, rs in part["runs"].items()}})
+                   "arms": {a: o for part in parts for a, o in part["arms"].items()}, "runs": runs})
     return merged
 
 

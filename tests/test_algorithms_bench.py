@@ -1,6 +1,6 @@
 """``benchmarks/algorithms.py`` end to end on a tiny model (2 arms, 1 seed, 2 steps, a few eval
 tasks): each arm runs in its own process and reports held-out pass@1, step time and peak memory;
-``--merge`` joins two result files by arm and refuses an arm present in both."""
+``--merge`` joins result files by arm and seed and refuses an arm's seed present twice."""
 
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def test_algorithms_benchmark_runs_arms_and_merges(tiny_model_dir, tmp_path):
     assert (tmp_path / "a.png").stat().st_size > 0
     assert "idle CPU at start" in proc.stdout
 
-    # a later run of another arm (here: the grpo run relabelled) joins by arm; the same arm twice is refused
+    # a later run of another arm (here: the grpo run relabelled) joins by arm, another seed by seed; the
+    # same arm and seed twice is refused
     sys.path.insert(0, str(ROOT))
     from benchmarks.algorithms import merge, report
 
@@ -64,6 +65,10 @@ def test_algorithms_benchmark_runs_arms_and_merges(tiny_model_dir, tmp_path):
     assert list(merged["runs"]) == ["grpo", "rloo", "dr_grpo"] and set(merged["summary"]) == set(merged["runs"])
     assert merged["summary"]["dr_grpo"]["domain_mean"] == out["summary"]["grpo"]["domain_mean"]
     assert (tmp_path / "all.png").stat().st_size > 0
+    third = tmp_path / "c.json"
+    third.write_text(json.dumps({**out, "seeds": [1], "runs": {"rloo": [{**out["runs"]["rloo"][0], "seed": 1}]}}))
+    joined = merge([str(first), str(third)])
+    assert [r["seed"] for r in joined["runs"]["rloo"]] == [0, 1] and joined["seeds"] == [0, 1]
     with pytest.raises(SystemExit, match="in both"):
         merge([str(first), str(first)])
     second.write_text(json.dumps({**out, "steps": 3, "runs": {"dr_grpo": []}}))
