@@ -53,9 +53,10 @@ def gae(token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float, la
         delta_k = r_k + gamma * V_{k+1} - V_k          (V after the last policy token = 0)
         A_k     = sum_{l >= 0} (gamma * lam)^l * delta_{k+l}
         R_k     = A_k + V_k                             (the critic's regression target, TD(lambda))
-    Computed by the recursion A_k = delta_k + gamma * lam * A_{k+1} as one reverse scan over T
-    (vectorised over the batch): a non-policy position passes the next policy token's value and
-    advantage through unchanged, so environment tokens in between are skipped, not timesteps.
+    Computed by the recursion A_k = delta_k + gamma * lam * A_{k+1} as one reverse scan, vectorised
+    over the batch, on compacted rows: each row's policy tokens gathered to its front in order
+    (environment tokens and the prompt leave the scan, so the next policy token is the next
+    timestep), the scan over the longest row's policy-token count, the results scattered back.
     gamma = lam = 1 gives A_k = (sum of rewards from k on) - V_k.
 
     token_rewards [B,T], values [B,T], mask [B,T] -> (advantages [B,T], returns [B,T]), 0 off mask.
@@ -64,15 +65,19 @@ def gae(token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float, la
     zeros = torch.zeros_like(token_rewards)
     r = torch.where(on, token_rewards, zeros)
     v = torch.where(on, values.to(r.dtype), zeros)
-    adv = torch.zeros_like(r)
+    length = int(on.sum(dim=1).max()) if on.numel() else 0
+    # stable sort of "off" flags: each row's policy positions first, in their original order
+    order = torch.sort((~on).to(torch.int8), dim=1, stable=True).indices[:, :length]
+    r_c, v_c, on_c = r.gather(1, order), v.gather(1, order), on.gather(1, order)
+    adv_c = torch.zeros_like(r_c)
     next_value = torch.zeros(r.shape[0], dtype=r.dtype, device=r.device)
     next_adv = torch.zeros_like(next_value)
-    for t in range(r.shape[1] - 1, -1, -1):
-        delta = r[:, t] + gamma * next_value - v[:, t]
-        a_t = delta + gamma * lam * next_adv
-        adv[:, t] = torch.where(on[:, t], a_t, zeros[:, t])
-        next_value = torch.where(on[:, t], v[:, t], next_value)
-        next_adv = torch.where(on[:, t], a_t, next_adv)
+    for k in range(length - 1, -1, -1):  # past a row's last policy token: V = A = 0 (terminal)
+        delta = r_c[:, k] + gamma * next_value - v_c[:, k]
+        next_adv = torch.where(on_c[:, k], delta + gamma * lam * next_adv, next_adv)
+        next_value = torch.where(on_c[:, k], v_c[:, k], next_value)
+        adv_c[:, k] = torch.where(on_c[:, k], next_adv, zeros[:, 0])
+    adv = zeros.scatter(1, order, adv_c)
     returns = torch.where(on, adv + v, zeros)
     return adv, returns
 
