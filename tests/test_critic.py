@@ -138,6 +138,22 @@ def test_a_critic_model_of_another_vocabulary_is_refused(tiny_model_dir, tmp_pat
     assert ok.model.config.num_labels == 1
 
 
+def test_bf16_critic_with_master_weights_steps_float32_copies_and_resumes(tiny_model_dir, tmp_path):
+    from rlvr.model.load import ModelLoadConfig
+    from rlvr.train.common import MasterWeightAdamW
+
+    kw = dict(device="cpu", total_steps=10, options=ModelLoadConfig(dtype="bf16"), master_weights=True)
+    critic = Critic.build(CriticConfig(lr=3e-3), tiny_model_dir, **kw)
+    assert isinstance(critic.optimizer, MasterWeightAdamW) and critic.model.dtype == torch.bfloat16
+    ids, attn, lm, ret = _batch(critic.model.config.vocab_size)
+    old = critic.values(ids, attn, microbatch_size=3)
+    critic.update(ids, attn, lm, ret, old, torch.Generator().manual_seed(0), minibatch_size=0, microbatch_size=3)
+    critic.save(tmp_path / "critic")
+    other = Critic.load(tmp_path / "critic", CriticConfig(lr=3e-3), **kw)
+    a, b = critic.optimizer.masters, other.optimizer.masters
+    assert len(a) == len(b) and all(torch.equal(x, y) and y.dtype == torch.float32 for x, y in zip(a, b))
+
+
 def test_checkpoint_extra_is_inside_the_atomic_checkpoint(tiny_model_dir, tmp_path):
     from rlvr.model.checkpoint import latest_checkpoint, save_checkpoint
     from rlvr.model.load import load_model_and_tokenizer

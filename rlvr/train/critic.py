@@ -81,9 +81,10 @@ class CriticConfig:
         check_range("critic.value_clip", self.value_clip, 0.0)
         check_range("critic.epochs", self.epochs, 1)
 
-    def optim(self) -> OptimConfig:
+    def optim(self, master_weights: bool = False) -> OptimConfig:
+        """The critic's AdamW settings (``master_weights``: the policy's ``optim.master_weights``)."""
         return OptimConfig(lr=self.lr, weight_decay=self.weight_decay, warmup_steps=self.warmup_steps,
-                           grad_clip=self.grad_clip)
+                           grad_clip=self.grad_clip, master_weights=master_weights)
 
 
 def load_value_model(path: str | Path, *, device, options: ModelLoadConfig | None = None) -> torch.nn.Module:
@@ -158,13 +159,15 @@ class Critic:
     """The value model with its AdamW and schedule; ``values`` before the advantages, ``update``
     after them, ``save``/``load`` with the policy's checkpoints."""
 
-    def __init__(self, model: torch.nn.Module, cfg: CriticConfig, total_steps: int, precision: str = "model") -> None:
+    def __init__(self, model: torch.nn.Module, cfg: CriticConfig, total_steps: int, precision: str = "model",
+                 master_weights: bool = False) -> None:
         self.model, self.cfg, self.precision = model, cfg, precision
-        self.optimizer, self.scheduler = build_optimizer(model, cfg.optim(), total_steps)
+        self.optimizer, self.scheduler = build_optimizer(model, cfg.optim(master_weights), total_steps)
 
     @classmethod
     def build(cls, cfg: CriticConfig, policy_model: str, *, device, total_steps: int,
-              options: ModelLoadConfig | None = None, precision: str = "model", tokenizer=None) -> Critic:
+              options: ModelLoadConfig | None = None, precision: str = "model", master_weights: bool = False,
+              tokenizer=None) -> Critic:
         """A fresh critic from ``cfg.model`` (or ``policy_model`` when that is empty). Given the
         policy's ``tokenizer``, a ``cfg.model`` of another vocabulary is refused (the critic reads
         the policy's token ids)."""
@@ -174,7 +177,7 @@ class Critic:
         with torch.no_grad():
             for p in value_head(model).parameters():
                 p.zero_()
-        return cls(model, cfg, total_steps, precision)
+        return cls(model, cfg, total_steps, precision, master_weights)
 
     def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         with precision_autocast(self.model, self.precision):
@@ -240,9 +243,11 @@ class Critic:
 
     @classmethod
     def load(cls, directory: str | Path, cfg: CriticConfig, *, device, total_steps: int,
-             options: ModelLoadConfig | None = None, precision: str = "model") -> Critic:
+             options: ModelLoadConfig | None = None, precision: str = "model",
+             master_weights: bool = False) -> Critic:
         """A critic as ``save`` wrote it: the value model, its optimizer and schedule state."""
-        critic = cls(load_value_model(directory, device=device, options=options), cfg, total_steps, precision)
+        critic = cls(load_value_model(directory, device=device, options=options), cfg, total_steps, precision,
+                     master_weights)
         state = torch.load(Path(directory) / CRITIC_STATE, map_location="cpu", weights_only=False)
         critic.optimizer.load_state_dict(state["optimizer"])
         critic.scheduler.load_state_dict(state["scheduler"])

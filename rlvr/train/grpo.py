@@ -614,7 +614,8 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     critic = None
     if uses_critic(cfg):  # the value model: fresh from critic.model (or the start model), or the checkpoint's
         critic_steps = cfg.steps * cfg.critic.epochs * math.ceil(per_step / (cfg.algo.minibatch_size or per_step))
-        kw = dict(device=device, total_steps=critic_steps, options=cfg.model_load, precision=cfg.algo.precision)
+        kw = dict(device=device, total_steps=critic_steps, options=cfg.model_load, precision=cfg.algo.precision,
+                  master_weights=cfg.optim.master_weights)
         critic = Critic.load(ckpt / CRITIC_DIR, cfg.critic, **kw) if ckpt is not None else \
             Critic.build(cfg.critic, cfg.model, tokenizer=tokenizer, **kw)
     envs = EnvPool(cfg.env, sandbox) if any(t.multi_turn for t in tasks) else None
