@@ -1,9 +1,13 @@
 """Algorithm math as pure, registered functions: tensors in, tensors (and float metrics) out.
 
-- ``advantages``: ``ADVANTAGES`` (grpo, dr_grpo, rloo) and ``group_has_variance``.
-- ``losses``: ``POLICY_LOSSES`` (ppo_clip), ``AGGREGATIONS`` (token_mean, seq_mean_token_mean,
-  seq_mean_token_sum_norm), ``token_logprobs``, ``sft_loss``.
-- ``kl``: ``KL_ESTIMATORS`` (k1, k2, k3).
+- ``advantages``: ``ADVANTAGES`` (grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline) and
+  ``group_has_variance``.
+- ``losses``: ``POLICY_LOSSES`` (ppo_clip, gspo, cispo), ``AGGREGATIONS`` (token_mean,
+  seq_mean_token_mean, seq_mean_token_sum_norm), ``token_logprobs``, ``sft_loss``.
+- ``kl``: ``KL_ESTIMATORS`` (k1, k2, k3), ``kl_reward_penalty`` (KL in the reward).
+- ``gae``: PPO with a learned critic: ``gae``, ``outcome_token_rewards``, ``value_loss``,
+  ``whiten``, ``explained_variance`` (the critic itself is ``rlvr.train.critic``).
+- ``distill``: on-policy distillation's per-token reverse-KL advantages.
 - ``penalties``: ``overlong_penalty`` (DAPO), ``truncated_is_weights`` (async off-policy).
 - ``passk``: unbiased pass@k and confidence intervals.
 - ``preference``: ``PREFERENCE_LOSSES`` (sigmoid/cDPO, robust, ipo, simpo), ``sequence_logps``,
@@ -13,7 +17,7 @@ No I/O, no model calls, no config objects: the trainer reads its config and pass
 Importing this package populates the registries.
 """
 
-from rlvr.algos import advantages, kl, losses, passk, penalties, preference
+from rlvr.algos import advantages, distill, gae, kl, losses, passk, penalties, preference
 from rlvr.algos.advantages import ADVANTAGES, group_has_variance
 from rlvr.algos.kl import KL_ESTIMATORS
 from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES, sft_loss, token_logprobs
@@ -29,6 +33,8 @@ __all__ = [
     "PREFERENCE_LOSSES",
     "advantages",
     "confidence_interval",
+    "distill",
+    "gae",
     "group_has_variance",
     "kl",
     "losses",
