@@ -9,7 +9,7 @@ BROWSER_PACKAGES := chromium
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup browser demo test test-slow test-all test-compat bench bench-curriculum bench-trl bench-dpo-trl bench-gpu check-sandbox clean
+.PHONY: setup browser demo test test-slow test-all test-compat bench bench-curriculum bench-algorithms bench-trl bench-dpo-trl bench-gpu check-sandbox clean
 
 setup: $(VENV)/.installed
 
@@ -89,6 +89,13 @@ bench-curriculum: setup
 	test -f runs/quickstart/sft/final/config.json || $(VENV)/bin/rlvr quickstart
 	$(PY) benchmarks/curriculum_vs_uniform.py --model runs/quickstart/sft/final --steps 200 --seeds 0 1 2 \
 		--json runs/bench/curriculum_vs_uniform.json --png runs/bench/curriculum_vs_uniform.png
+
+# Seven policy-gradient algorithms on the quickstart's GRPO stage from its SFT model (7 arms x 2 seeds
+# x 100 steps, each a fresh process; about 40 min on 2 idle cores; runs the quickstart first when missing).
+bench-algorithms: setup
+	test -f runs/quickstart/sft/final/config.json || $(VENV)/bin/rlvr quickstart
+	$(PY) benchmarks/algorithms.py --model runs/quickstart/sft/final --steps 100 --seeds 0 1 \
+		--json runs/bench/algorithms.json --png runs/bench/algorithms.png
 
 bench-trl: $(TRL_VENV)/.installed
 	$(TRL_VENV)/bin/python benchmarks/grpo_step_vs_trl.py --size small --json runs/bench/grpo_step_vs_trl_small.json
