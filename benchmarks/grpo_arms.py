@@ -102,7 +102,7 @@ def pass_bars(ax, out: dict[str, Any], arms: list[str]) -> None:
     ax.set_xticks(range(len(domains)), domains)
     ax.set_ylabel("held-out pass@1 (greedy)")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=7, ncol=2 if len(sides) > 4 else 1)
+    ax.legend(fontsize=7, ncol=4 if len(sides) > 4 else 1, loc="upper left" if len(sides) > 4 else "best")
     ax.grid(axis="y", alpha=0.3)
 
 
