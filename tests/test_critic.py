@@ -302,3 +302,105 @@ def test_ppo_with_critic_on_two_turn_episodes_raises_reward(tiny_model_dir, tmp_
     rewards = [m["rollout/reward_mean"] for m in metrics]
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.03, rewards
     assert metrics[-1]["rollout/turns_mean"] > 1.5
+
+
+# --- the padding-free forward (rlvr.train.packing.packed_hidden) vs the padded one ---------------
+
+def _shared_batch():
+    """Two groups sharing prompts (5 and 3 tokens), one sample alone; ragged lengths; multi-turn
+    masks with environment gaps; random token ids in the padding (they must not leak)."""
+    g = torch.Generator().manual_seed(5)
+    rand = lambda n: torch.randint(3, 61, (n,), generator=g)  # noqa: E731
+    a, b, c = rand(5), rand(3), rand(4)
+    # (prompt, total length, policy spans)
+    rows = [(a, 11, [(5, 11)]), (a, 14, [(5, 8), (10, 14)]), (a, 7, [(5, 7)]),
+            (b, 11, [(3, 7), (10, 11)]), (b, 11, [(3, 11)]), (c, 9, [(4, 9)])]
+    T = 14
+    ids = torch.stack([rand(T) for _ in rows])
+    attn, lm = torch.zeros(len(rows), T, dtype=torch.long), torch.zeros(len(rows), T)
+    for i, (prompt, n, spans) in enumerate(rows):
+        ids[i, : len(prompt)] = prompt
+        attn[i, :n] = 1
+        for s, e in spans:
+            lm[i, s:e] = 1
+    return ids, attn, lm
+
+
+def _value_model(kind: str) -> torch.nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.3, pad_token_id=0,
+                  num_labels=1, classifier_dropout=0.0)
+    extra = {"llama": {}, "mistral_window": {"sliding_window": 4},
+             "gemma2": {"head_dim": 8, "query_pre_attn_scalar": 8, "sliding_window": 4,
+                        "final_logit_softcapping": 3.0, "attn_logit_softcapping": 5.0}}[kind]
+    family = {"llama": "Llama", "mistral_window": "Mistral", "gemma2": "Gemma2"}[kind]
+    cfg = getattr(transformers, f"{family}Config")(**common, **extra)
+    cfg._attn_implementation = "eager" if kind == "gemma2" else "sdpa"
+    return getattr(transformers, f"{family}ForTokenClassification")(cfg).float()
+
+
+@pytest.mark.parametrize("kind,packing,share", [("llama", True, True), ("llama", True, False), ("llama", False, True),
+                                                ("mistral_window", True, True), ("mistral_window", False, True),
+                                                ("gemma2", True, True)])
+def test_packed_values_and_gradients_equal_the_padded_forward_on_policy_tokens(kind, packing, share):
+    """values[b, t] = score(hidden predicting token t) at the policy tokens, 0 elsewhere, whatever the
+    layout (flat with shared prompts, flat, causal rows; a sliding window shorter than the
+    sequences), and the same gradients; Gemma 2 (soft-capped family) runs the padded forward."""
+    from rlvr.train import sequence_attention
+    from rlvr.train.critic import packed_values, value_decoder_and_head, value_forward
+    from rlvr.train.packing import shared_prompts
+
+    torch.set_num_threads(1)
+    ids, attn, lm = _shared_batch()
+    assert sorted((p, sorted(m)) for p, m in shared_prompts(ids, attn, lm)) == [(3, [3, 4]), (5, [0, 1, 2])]
+    model = _value_model(kind)
+    splits = value_decoder_and_head(model)[0] is not None
+    assert splits == (kind != "gemma2")
+    if kind == "llama" and packing:
+        assert sequence_attention.supported(model, 14)  # the flat layout, attention per sequence
+    weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(1))
+    on = lm > 0
+
+    def run(fn):
+        model.zero_grad()
+        v = fn()
+        (v * weights * lm).sum().backward()
+        return v.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    padded, padded_grads = run(lambda: value_forward(model, ids, attn))
+    packed, packed_grads = run(lambda: packed_values(model, ids, attn, lm, packing=packing, share_prompts=share))
+    assert padded[on].abs().min() > 0  # a head that reads nothing would match trivially
+    torch.testing.assert_close(packed[on], padded[on], atol=1e-5, rtol=1e-5)
+    assert (packed[~on] == 0).all()
+    for name, grad in padded_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_critic_values_and_update_run_the_packed_forward(critic, monkeypatch):
+    """With the loss mask, ``values`` and ``update`` never call the padded forward, the values match
+    it on policy tokens and are 0 elsewhere; without a mask, every real token but the first."""
+    import rlvr.train.critic as critic_module
+
+    torch.set_num_threads(1)
+    ids, attn, lm, ret = _batch(critic.model.config.vocab_size)
+    with torch.no_grad():
+        critic.model.score.weight.normal_()
+    padded = critic_module.value_forward(critic.model, ids, attn).detach()
+    assert critic.share_prompts and critic.packing
+
+    def refuse(*_, **__):
+        raise AssertionError("padded forward called")
+
+    monkeypatch.setattr(critic_module, "value_forward", refuse)
+    v = critic.values(ids, attn, microbatch_size=2, loss_mask=lm)
+    torch.testing.assert_close(v[lm > 0], padded[lm > 0], atol=1e-5, rtol=1e-5)
+    assert (v[lm == 0] == 0).all()
+    everywhere = critic.values(ids, attn, microbatch_size=2)
+    real = attn.bool()
+    real[:, 0] = False
+    torch.testing.assert_close(everywhere[real], padded[real], atol=1e-5, rtol=1e-5)
+    m = critic.update(ids, attn, lm, ret, v, torch.Generator().manual_seed(0), minibatch_size=0, microbatch_size=2)
+    assert m["critic/value_loss"] > 0

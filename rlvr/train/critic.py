@@ -16,7 +16,14 @@ Checkpoints: ``save(dir)`` writes a Hugging Face directory (the value model's we
 and ``critic_state.pt`` (optimizer and schedule), ``load(dir)`` restores both; the trainer writes
 it as ``<checkpoint>/critic/`` inside the policy's atomic checkpoint.
 
-Not here: packing (the critic's forward is the plain padded one), LoRA critics, data parallel.
+Forward: the policy's padding-free one (``rlvr.train.packing.packed_hidden``: the flat layout
+with attention per sequence, a group's shared prompt run once, the score head on the wanted
+positions only), following ``algo.packing`` and ``algo.share_prompts`` as the policy does. The
+values are computed only where they are used, at the policy tokens (``loss_mask``: GAE, the value
+loss and the metrics read nothing else), 0 elsewhere. A value model whose decoder and head cannot be
+split (``value_decoder_and_head``) runs the padded forward (``value_forward``) on the same positions.
+
+Not here: LoRA critics, data parallel.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from rlvr.errors import ConfigError, UserError
 from rlvr.model.load import ModelLoadConfig, dtype_kwarg, load_tokenizer, pretrained_kwargs
 from rlvr.rollout.engine import precision_autocast
 from rlvr.train.common import OptimConfig, build_optimizer, clip_and_step
+from rlvr.train.packing import packed_hidden, plain_head_family, scatter_wanted
 
 CRITIC_STATE = "critic_state.pt"
 CRITIC_DIR = "critic"  # the critic's directory inside a policy checkpoint
@@ -46,7 +54,8 @@ GAE = "gae"  # the ``algo.advantage`` that turns the critic on
 @dataclass
 class CriticConfig:
     """The value model of PPO with a learned critic (config key ``critic``; used only with
-    ``algo.advantage: gae``)."""
+    ``algo.advantage: gae``). Its forward follows the policy's ``algo.packing`` and
+    ``algo.share_prompts`` (padding-free, a group's prompt once; see the module docstring)."""
 
     model: str = ""
     """Hugging Face model directory the value model starts from (its decoder; a fresh scalar head).
@@ -137,6 +146,37 @@ def value_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
     return F.pad(scores[:, :-1], (1, 0)) * attention_mask.to(torch.float32)
 
 
+def value_decoder_and_head(model: torch.nn.Module):
+    """(base decoder, score head) when the values are exactly ``score(decoder(...).last_hidden_state)``:
+    a family of ``rlvr.train.packing.plain_head_family`` (transformers' token-classification class
+    for them is the decoder, a dropout and ``score``) with the dropout at 0; else (None, None)."""
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    head = getattr(model, "score", None)
+    dropout = getattr(model, "dropout", None)
+    if plain_head_family(model) and isinstance(head, torch.nn.Linear) and base is not None \
+            and (dropout is None or getattr(dropout, "p", 1.0) == 0):
+        return base, head
+    return None, None
+
+
+def packed_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  want: torch.Tensor | None = None, *, packing: bool = True,
+                  share_prompts: bool = False) -> torch.Tensor:
+    """``value_forward``'s values at the positions where ``want`` is nonzero (default: every real
+    token but the first), 0.0 elsewhere, from the padding-free forward of ``packed_hidden`` (the
+    score head on those positions only). ``packing`` False: the padded rows with the causal mask
+    only; ``share_prompts``: a group's shared prompt once (both as for ``packed_logprobs``). A
+    model ``value_decoder_and_head`` cannot split runs ``value_forward``, masked to ``want``.
+    input_ids, attention_mask, want: [B, T], right-padded -> [B, T] float32."""
+    base, head = value_decoder_and_head(model)
+    if base is None:
+        values = value_forward(model, input_ids, attention_mask)
+        return values if want is None else torch.where(want.bool(), values, torch.zeros_like(values))
+    hidden, b_idx, t_idx = packed_hidden(model, input_ids, attention_mask, want, decoder=base,
+                                         packing=None if packing else False, share_prompts=share_prompts)
+    return scatter_wanted(head(hidden)[:, 0].float(), b_idx, t_idx, input_ids.shape)
+
+
 def critic_advantages(cfg: CriticConfig, rewards: torch.Tensor, loss_mask: torch.Tensor, values: torch.Tensor,
                       kl: torch.Tensor | None = None, beta: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(token advantages [B, T], returns [B, T]) of outcome ``rewards`` [B]: the reward at each
@@ -160,14 +200,15 @@ class Critic:
     after them, ``save``/``load`` with the policy's checkpoints."""
 
     def __init__(self, model: torch.nn.Module, cfg: CriticConfig, total_steps: int, precision: str = "model",
-                 master_weights: bool = False) -> None:
+                 master_weights: bool = False, packing: bool = True, share_prompts: bool = True) -> None:
         self.model, self.cfg, self.precision = model, cfg, precision
+        self.packing, self.share_prompts = packing, share_prompts  # the policy's algo.packing, algo.share_prompts
         self.optimizer, self.scheduler = build_optimizer(model, cfg.optim(master_weights), total_steps)
 
     @classmethod
     def build(cls, cfg: CriticConfig, policy_model: str, *, device, total_steps: int,
               options: ModelLoadConfig | None = None, precision: str = "model", master_weights: bool = False,
-              tokenizer=None) -> Critic:
+              tokenizer=None, packing: bool = True, share_prompts: bool = True) -> Critic:
         """A fresh critic from ``cfg.model`` (or ``policy_model`` when that is empty). Given the
         policy's ``tokenizer``, a ``cfg.model`` of another vocabulary is refused (the critic reads
         the policy's token ids)."""
@@ -177,20 +218,25 @@ class Critic:
         with torch.no_grad():
             for p in value_head(model).parameters():
                 p.zero_()
-        return cls(model, cfg, total_steps, precision, master_weights)
+        return cls(model, cfg, total_steps, precision, master_weights, packing, share_prompts)
 
-    def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 want: torch.Tensor | None) -> torch.Tensor:
         with precision_autocast(self.model, self.precision):
-            return value_forward(self.model, input_ids, attention_mask)
+            return packed_values(self.model, input_ids, attention_mask, want, packing=self.packing,
+                                 share_prompts=self.share_prompts)
 
     @torch.no_grad()
-    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, microbatch_size: int) -> torch.Tensor:
-        """[B, T] values of the batch's states, in eval mode, ``microbatch_size`` rows at a time."""
+    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, microbatch_size: int,
+               loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, T] values of the batch's states, in eval mode, ``microbatch_size`` rows at a time: at
+        the policy tokens (``loss_mask``; None: every real token but the first), 0 elsewhere."""
         self.model.eval()
         out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+        want = attention_mask if loss_mask is None else loss_mask
         for rows in torch.arange(input_ids.shape[0], device=input_ids.device).split(microbatch_size):
-            ids, mask = _rows(rows, attention_mask, input_ids, attention_mask)
-            out[rows, : ids.shape[1]] = self._forward(ids, mask)
+            ids, mask, w = _rows(rows, attention_mask, input_ids, attention_mask, want)
+            out[rows, : ids.shape[1]] = self._forward(ids, mask, None if loss_mask is None else w)
         return out
 
     def update(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
@@ -215,7 +261,7 @@ class Critic:
                 for rows in mini.split(microbatch_size):
                     ids, mask, lm, ret, old = _rows(rows, attention_mask, input_ids, attention_mask, loss_mask,
                                                     returns, old_values)
-                    loss, metrics = value_loss(self._forward(ids, mask), old, ret, lm, clip=self.cfg.value_clip,
+                    loss, metrics = value_loss(self._forward(ids, mask, lm), old, ret, lm, clip=self.cfg.value_clip,
                                                num_tokens=max(num_tokens, 1.0))
                     loss.backward()
                     share = float((lm > 0).sum()) / max(num_tokens, 1.0)
@@ -244,10 +290,10 @@ class Critic:
     @classmethod
     def load(cls, directory: str | Path, cfg: CriticConfig, *, device, total_steps: int,
              options: ModelLoadConfig | None = None, precision: str = "model",
-             master_weights: bool = False) -> Critic:
+             master_weights: bool = False, packing: bool = True, share_prompts: bool = True) -> Critic:
         """A critic as ``save`` wrote it: the value model, its optimizer and schedule state."""
         critic = cls(load_value_model(directory, device=device, options=options), cfg, total_steps, precision,
-                     master_weights)
+                     master_weights, packing, share_prompts)
         state = torch.load(Path(directory) / CRITIC_STATE, map_location="cpu", weights_only=False)
         critic.optimizer.load_state_dict(state["optimizer"])
         critic.scheduler.load_state_dict(state["scheduler"])

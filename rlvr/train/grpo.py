@@ -615,7 +615,8 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     if uses_critic(cfg):  # the value model: fresh from critic.model (or the start model), or the checkpoint's
         critic_steps = cfg.steps * cfg.critic.epochs * math.ceil(per_step / (cfg.algo.minibatch_size or per_step))
         kw = dict(device=device, total_steps=critic_steps, options=cfg.model_load, precision=cfg.algo.precision,
-                  master_weights=cfg.optim.master_weights)
+                  master_weights=cfg.optim.master_weights, packing=cfg.algo.packing,
+                  share_prompts=cfg.algo.share_prompts)
         critic = Critic.load(ckpt / CRITIC_DIR, cfg.critic, **kw) if ckpt is not None else \
             Critic.build(cfg.critic, cfg.model, tokenizer=tokenizer, **kw)
     envs = EnvPool(cfg.env, sandbox) if any(t.multi_turn for t in tasks) else None
@@ -805,7 +806,7 @@ def prepare(run: Run, kept: list[Scored], cfg: GRPOConfig) -> Prepared:
     budget = max(s.trajectory.token_budget(cfg.rollout.max_new_tokens) for s in kept)
     out = Prepared(kept, batch, budget, ref_logprobs=reference_logprobs(run, batch, cfg.algo))
     if run.critic is not None:
-        out.values = run.critic.values(batch.input_ids, batch.attention_mask, cfg.algo.microbatch_size)
+        out.values = run.critic.values(batch.input_ids, batch.attention_mask, cfg.algo.microbatch_size, batch.loss_mask)
     if run.teacher is not None:
         with torch.no_grad():
             out.teacher_logprobs = logprobs_of(run.teacher, batch, cfg.algo)

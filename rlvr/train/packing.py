@@ -38,6 +38,9 @@ What it does:
   (``want``, e.g. the loss mask), 0.0 elsewhere. The language-model head and the log-softmax run
   only at those positions (for plain-head decoders: Llama, Qwen2/3, Mistral, Phi-3 ...): no
   ``[B, T, V]`` logits for prompt tokens. Gradients flow as in the plain path.
+- ``packed_hidden`` is that forward without the head: the layout chosen as above, the base
+  decoder run on it, its hidden states gathered at the slots that predict the wanted tokens.
+  ``packed_logprobs`` puts the LM head on them; the critic (``rlvr.train.critic``) its score head.
 
 Why it is exact: every token sees exactly the tokens its own sequence has before it (a shared
 prompt's copy included): per sequence in the flat layout, under the mask within a row. Rotary
@@ -236,13 +239,18 @@ def window_reason(model: torch.nn.Module, longest: int) -> str | None:
     return f"sliding window of {window} tokens, sequences of up to {longest}"
 
 
+def plain_head_family(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s family puts its head straight on the decoder's last hidden state (no
+    logit scaling or soft-capping): its head can run on chosen positions only."""
+    cfg = getattr(model, "config", None)
+    return getattr(cfg, "model_type", None) in _PLAIN_HEAD and not getattr(cfg, "final_logit_softcapping", None)
+
+
 def _decoder_and_head(model: torch.nn.Module):
     """(base decoder, lm head) when logits are exactly ``head(decoder(...).last_hidden_state)``."""
-    cfg = getattr(model, "config", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     base = getattr(model, getattr(model, "base_model_prefix", ""), None)
-    if getattr(cfg, "model_type", None) in _PLAIN_HEAD and isinstance(head, torch.nn.Linear) and base is not None \
-            and not getattr(cfg, "final_logit_softcapping", None):
+    if plain_head_family(model) and isinstance(head, torch.nn.Linear) and base is not None:
         return base, head
     return None, None
 
@@ -289,28 +297,21 @@ def causal_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Packed
     return Packed(input_ids, cols.expand(B, T), None, slot)
 
 
-def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    want: torch.Tensor | None = None, *, width: int | None = None,
-                    packing: bool | None = None, share_prompts: bool = False,
-                    logits_chunk: int = 0) -> torch.Tensor:
-    """log pi(input_ids[b, t] | input_ids[b, :t]) at the positions where ``want`` is nonzero.
+def packed_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  want: torch.Tensor | None = None, *, decoder: torch.nn.Module | None = None,
+                  width: int | None = None, packing: bool | None = None,
+                  share_prompts: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The output of the slots that predict the wanted tokens, from one padding-free forward.
 
-    Same values as ``sequence_logprobs(model, input_ids, attention_mask)`` there (up to float
-    summation order), 0.0 elsewhere (``want`` defaults to every real token but the first).
-    ``packing``: False keeps the padded rows with a causal-only mask (``causal_rows``); True or
-    None (default) runs the ``flat`` layout where ``sequence_attention.supported(model)`` and
-    ``width`` is not given, else rows (``pack``): always with True, with None when that saves
-    ``PACK_MIN_SAVING`` of the slots.
-    A model whose sliding window is shorter than the longest sequence runs on ``causal_rows``
-    whatever ``packing`` and ``width`` say (``window_reason``).
-    ``share_prompts`` (with ``want``): sequences that start with the same unwanted tokens (a GRPO
-    group's prompt, ``shared_prompts``) run that prompt once per group in the flat layout, once
-    per row in rows of ``shared_width`` tokens (or ``width``).
-    ``logits_chunk`` > 0: the LM head and log-softmax run on that many wanted tokens at a time
-    (``rlvr.train.chunked_head``), so all their logits never exist at once.
-    input_ids, attention_mask, want: [B, T], right-padded -> [B, T] float32.
+    The layout is chosen from ``model`` (its config, attention support, sliding window) as
+    ``packed_logprobs`` describes (``packing``, ``width``, ``share_prompts``); ``decoder`` runs on
+    it: a base decoder (e.g. a causal LM's or a token-classification model's ``model``), whose
+    ``last_hidden_state`` is gathered, or None for ``model`` itself, whose ``logits`` are.
+    Token (b, t) is predicted from the slot of (b, t - 1); ``want`` defaults to every real token
+    but the first (position 0 and padding are never wanted).
+    input_ids, attention_mask, want: [B, T], right-padded -> (out [N, H] at the N wanted (b, t) in
+    row-major order, b_idx [N], t_idx [N]).
     """
-    B, T = input_ids.shape
     groups = shared_prompts(input_ids, attention_mask, want) if share_prompts and want is not None else None
     lengths = attention_mask.sum(dim=1).tolist()
     per_sequence = packing is not False and width is None and sequence_attention.supported(model, max(lengths))
@@ -346,19 +347,56 @@ def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     elif packing:
         mask = rows.attention_mask(next(model.parameters()).dtype)
         inputs.update(attention_mask=mask, position_ids=rows.position_ids)
-    base, head = _decoder_and_head(model)
-    tgt = input_ids[b_idx, t_idx]
     with layout:
-        if base is not None:  # the LM head on the wanted slots only, ``logits_chunk`` at a time
-            hidden = base(**inputs).last_hidden_state
-            lp = chunked_token_logprobs(head, hidden.reshape(-1, hidden.shape[-1]).index_select(0, src), tgt,
-                                        logits_chunk)
+        if decoder is not None:
+            out = decoder(**inputs).last_hidden_state
         else:
-            logits = model(**inputs).logits
-            lp = token_logprobs(lambda x: x, logits.reshape(-1, logits.shape[-1]).index_select(0, src), tgt)
-    out = torch.zeros(B * T, dtype=torch.float32, device=input_ids.device)
-    out = out.index_put((b_idx * T + t_idx,), lp)
+            out = model(**inputs).logits
+    return out.reshape(-1, out.shape[-1]).index_select(0, src), b_idx, t_idx
+
+
+def scatter_wanted(values: torch.Tensor, b_idx: torch.Tensor, t_idx: torch.Tensor,
+                   shape: torch.Size) -> torch.Tensor:
+    """[B, T] float32: ``values`` [N] at the (b, t) of ``packed_hidden``, 0.0 elsewhere; gradients
+    flow to ``values``."""
+    B, T = shape
+    out = torch.zeros(B * T, dtype=torch.float32, device=values.device)
+    out = out.index_put((b_idx * T + t_idx,), values.to(torch.float32))
     return out.view(B, T)
+
+
+def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    want: torch.Tensor | None = None, *, width: int | None = None,
+                    packing: bool | None = None, share_prompts: bool = False,
+                    logits_chunk: int = 0) -> torch.Tensor:
+    """log pi(input_ids[b, t] | input_ids[b, :t]) at the positions where ``want`` is nonzero.
+
+    Same values as ``sequence_logprobs(model, input_ids, attention_mask)`` there (up to float
+    summation order), 0.0 elsewhere (``want`` defaults to every real token but the first).
+    ``packing``: False keeps the padded rows with a causal-only mask (``causal_rows``); True or
+    None (default) runs the ``flat`` layout where ``sequence_attention.supported(model)`` and
+    ``width`` is not given, else rows (``pack``): always with True, with None when that saves
+    ``PACK_MIN_SAVING`` of the slots.
+    A model whose sliding window is shorter than the longest sequence runs on ``causal_rows``
+    whatever ``packing`` and ``width`` say (``window_reason``).
+    ``share_prompts`` (with ``want``): sequences that start with the same unwanted tokens (a GRPO
+    group's prompt, ``shared_prompts``) run that prompt once per group in the flat layout, once
+    per row in rows of ``shared_width`` tokens (or ``width``).
+    ``logits_chunk`` > 0: the LM head and log-softmax run on that many wanted tokens at a time
+    (``rlvr.train.chunked_head``), so all their logits never exist at once.
+    The forward is ``packed_hidden``'s; the LM head runs on its output when the model splits
+    (``_decoder_and_head``), else the whole model's logits are gathered.
+    input_ids, attention_mask, want: [B, T], right-padded -> [B, T] float32.
+    """
+    base, head = _decoder_and_head(model)
+    out, b_idx, t_idx = packed_hidden(model, input_ids, attention_mask, want, decoder=base, width=width,
+                                      packing=packing, share_prompts=share_prompts)
+    tgt = input_ids[b_idx, t_idx]
+    if base is not None:  # the LM head on the wanted slots only, ``logits_chunk`` at a time
+        lp = chunked_token_logprobs(head, out, tgt, logits_chunk)
+    else:
+        lp = token_logprobs(lambda x: x, out, tgt)
+    return scatter_wanted(lp, b_idx, t_idx, input_ids.shape)
 
 
 def padding_stats(attention_mask: torch.Tensor, width: int | None = None,
@@ -376,5 +414,5 @@ def _row_count(lengths: list[int], groups: list[tuple[int, list[int]]] | None, w
 
 
 __all__ = ["ATTENTION_PER_COLUMN", "PACK_MIN_SAVING", "SHARED_MAX_WIDTH", "SHARED_WIDTH", "Packed", "causal_rows", "first_fit_decreasing", "flat",
-           "layout_units", "pack", "packed_logprobs", "padding_stats", "shared_prompts", "shared_width",
-           "window_reason"]
+           "layout_units", "pack", "packed_hidden", "packed_logprobs", "padding_stats", "plain_head_family", "scatter_wanted", "shared_prompts",
+           "shared_width", "window_reason"]
