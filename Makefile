@@ -90,11 +90,11 @@ bench-curriculum: setup
 	$(PY) benchmarks/curriculum_vs_uniform.py --model runs/quickstart/sft/final --steps 200 --seeds 0 1 2 \
 		--json runs/bench/curriculum_vs_uniform.json --png runs/bench/curriculum_vs_uniform.png
 
-# Seven policy-gradient algorithms on the quickstart's GRPO stage from its SFT model (7 arms x 2 seeds
-# x 100 steps, each a fresh process; about 40 min on 2 idle cores; runs the quickstart first when missing).
+# Seven policy-gradient algorithms on the quickstart's GRPO stage from its SFT model (7 arms x 3 seeds
+# x 100 steps, each a fresh process; about 70 min on 2 idle cores; runs the quickstart first when missing).
 bench-algorithms: setup
 	test -f runs/quickstart/sft/final/config.json || $(VENV)/bin/rlvr quickstart
-	$(PY) benchmarks/algorithms.py --model runs/quickstart/sft/final --steps 100 --seeds 0 1 \
+	$(PY) benchmarks/algorithms.py --model runs/quickstart/sft/final --steps 100 --seeds 0 1 2 \
 		--json runs/bench/algorithms.json --png runs/bench/algorithms.png
 
 bench-trl: $(TRL_VENV)/.installed
