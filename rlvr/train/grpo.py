@@ -184,18 +184,24 @@ def refuse_with_engine(cfg) -> None:
     engine = cfg.rollout.engine
     if engine == "rlvr":
         return
-    for on, key in ((cfg.asynchronous.enabled, "asynchronous.enabled"), (cfg.backend == "ray", "backend"),
-                    (cfg.lora.enabled, "lora.enabled")):
-        if on:
-            raise ConfigError(f"config key '{key}' does not work with 'rollout.engine: {engine}': that engine runs "
-                              "in the synchronous local loop and takes full weights (set asynchronous.enabled: "
-                              "false, backend: local, lora.enabled: false; or rollout.engine: rlvr)")
+    refuse_outside_sync_loop(cfg, f"'rollout.engine: {engine}'", "that engine runs in the synchronous local loop "
+                             "and takes full weights", "rollout.engine: rlvr")
     if launched().world > 1:
         raise ConfigError(f"'rollout.engine: {engine}' does not run under torchrun ({launched().world} processes): "
                           "data parallel deals rollout chunks to the ranks' own rlvr engines; use rollout.engine: rlvr")
     if engine == "vllm" and cfg.device == "cpu":
         raise ConfigError("config key 'device' = 'cpu' with 'rollout.engine: vllm': vLLM shares the trainer's "
                           "CUDA GPU; set device: cuda (or auto)")
+
+
+def refuse_outside_sync_loop(cfg, what: str, why: str, instead: str) -> None:
+    """``what`` runs only in the synchronous local loop on full weights: refuse asynchronous mode,
+    ``backend: ray`` and LoRA, naming the key, ``why`` and the alternative (``instead``)."""
+    for on, key in ((cfg.asynchronous.enabled, "asynchronous.enabled"), (cfg.backend == "ray", "backend"),
+                    (cfg.lora.enabled, "lora.enabled")):
+        if on:
+            raise ConfigError(f"config key '{key}' does not work with {what}: {why} (set asynchronous.enabled: "
+                              f"false, backend: local, lora.enabled: false; or {instead})")
 
 
 @dataclass
@@ -461,12 +467,8 @@ def refuse_with_critic(cfg: GRPOConfig, world: int) -> None:
     trainer process, as one full model."""
     if not uses_critic(cfg):
         return
-    for on, key in ((cfg.asynchronous.enabled, "asynchronous.enabled"), (cfg.backend == "ray", "backend"),
-                    (cfg.lora.enabled, "lora.enabled")):
-        if on:
-            raise ConfigError(f"config key '{key}' does not work with 'algo.advantage: gae' (a learned critic): the "
-                              "critic is a full model trained in the synchronous local loop (set asynchronous.enabled: "
-                              "false, backend: local, lora.enabled: false; or a group estimator such as grpo)")
+    refuse_outside_sync_loop(cfg, "'algo.advantage: gae' (a learned critic)", "the critic is a full model trained "
+                             "in the synchronous local loop", "a group estimator such as grpo")
     if cfg.algo.dynamic_sampling_rounds:
         raise ConfigError("config key 'algo.dynamic_sampling_rounds' refills zero-variance groups, which "
                           "'algo.advantage: gae' keeps and trains on (the critic's advantages are not zero there): "
