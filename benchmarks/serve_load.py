@@ -2,7 +2,8 @@
 
     python benchmarks/serve_load.py [--json PATH] [--rounds 2] [--requests 128] [--clients 16]
                                     [--max-tokens 64] [--side-timeout 120] [--sides ...]
-                                    [--target DIR] [--draft DIR] [--spec-tokens 4]
+                                    [--target DIR|medium] [--draft DIR] [--spec-tokens 4]
+                                    [--ignore-eos]
 
 Each side is a real ``python -m rlvr.serve.cli`` process on a free 127.0.0.1 port (loopback only),
 ``--device cpu``, started with ``OMP_NUM_THREADS=1`` (one torch thread: the server gets one core,
@@ -11,10 +12,17 @@ the next side starts, so no two servers share the CPU:
 
 - ``one_at_a_time``: ``--batching none`` (the baseline);
 - ``continuous``: the normal mode (continuous batching, the default);
-- ``fast``: ``--fast`` (waves + prefix cache, no draft);
-- ``fast_draft``: ``--fast --draft DIR`` (speculative decoding, ``--spec-tokens`` K);
-- ``fast_ngram``: ``--fast --draft ngram`` (prompt-lookup drafts, no draft model; same K);
-- ``fast_int8``: ``--fast --quantize int8`` (Hugging Face forward, no prefix cache).
+- ``fast``: ``--fast`` (continuous batching + prefix cache);
+- ``fast_int8``: ``--fast --quantize int8`` (the same with int8 decoder weights: the fast mode's
+  full configuration on CPU);
+- ``fast_draft``: ``--fast --draft DIR`` (speculative decoding in waves, ``--spec-tokens`` K);
+- ``fast_ngram``: ``--fast --draft ngram`` (prompt-lookup drafts, no draft model; same K).
+
+Target: the quickstart's GRPO policy (0.9M parameters; default), a directory, or ``medium``: a
+random-weight 26M-parameter Llama with the quickstart's tokenizer (``serve_models.medium_target``,
+built once into ``runs/bench/serve_medium``), where a forward is compute-bound; its answers are
+noise, so it runs with ``--ignore-eos`` (every request generates ``--max-tokens``) and without the
+draft sides.
 
 Workload: held-out (eval split) math.arith + math.word task prompts as chat requests behind a
 fixed system prompt (the benchmarks' ``SYSTEM``, 123 tokens: the target's context is 256 tokens,
@@ -54,11 +62,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import idle_cpu, machine_note, print_table, spread, write_json
-from serve_models import SYSTEM, distil_draft, target_dir
+from serve_models import SYSTEM, distil_draft, medium_target, target_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 EXACT = ("one_at_a_time", "continuous", "fast", "fast_draft", "fast_ngram")
-SIDES = ("one_at_a_time", "continuous", "fast", "fast_draft", "fast_ngram", "fast_int8")
+SIDES = ("one_at_a_time", "continuous", "fast", "fast_int8", "fast_draft", "fast_ngram")
 MODEL_NAME = "target"
 
 
@@ -142,12 +150,12 @@ def make_clients(url: str, n: int, timeout: float):
     return [openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=timeout) for _ in range(n)]
 
 
-def chat(client, messages, max_tokens: int):
+def chat(client, messages, max_tokens: int, ignore_eos: bool):
     return client.chat.completions.create(model=MODEL_NAME, messages=messages, temperature=0, max_tokens=max_tokens,
-                                         extra_body={"return_token_ids": True})
+                                         extra_body={"return_token_ids": True, "ignore_eos": ignore_eos})
 
 
-def run_load(clients, requests: list, max_tokens: int, time_limit: float) -> dict:
+def run_load(clients, requests: list, max_tokens: int, time_limit: float, ignore_eos: bool = False) -> dict:
     """Every client pulls requests from one queue until it is empty or ``time_limit`` passes."""
     todo: queue.Queue = queue.Queue()
     for i in range(len(requests)):
@@ -164,7 +172,7 @@ def run_load(clients, requests: list, max_tokens: int, time_limit: float) -> dic
                 return
             t0 = time.perf_counter()
             try:
-                r = chat(client, requests[i], max_tokens)
+                r = chat(client, requests[i], max_tokens, ignore_eos)
             except Exception as e:  # noqa: BLE001  (reported, not raised: a side may fail under load)
                 errors.append(f"{type(e).__name__}: {e}"[:200])
                 continue
@@ -194,14 +202,15 @@ def pct(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def ttft_burst(clients, requests: list, max_tokens: int) -> dict:
+def ttft_burst(clients, requests: list, max_tokens: int, ignore_eos: bool = False) -> dict:
     """One streamed request per client, all sent together: time to the first content token."""
     ttft: list[float] = []
 
     def worker(client, messages):
         t0 = time.perf_counter()
         stream = client.chat.completions.create(model=MODEL_NAME, messages=messages, temperature=0,
-                                                max_tokens=max_tokens, stream=True)
+                                                max_tokens=max_tokens, stream=True,
+                                                extra_body={"ignore_eos": ignore_eos})
         first = None
         for chunk in stream:
             if first is None and chunk.choices and chunk.choices[0].delta.content:
@@ -223,11 +232,11 @@ def run_side(side: str, model: str, flags: list[str], a, requests, warm, burst, 
     try:
         ready_s = srv.wait_ready()
         clients = make_clients(srv.url, a.clients, timeout=a.side_timeout)
-        run_load(clients, warm, a.max_tokens, a.side_timeout)  # warm-up wave, untimed
+        run_load(clients, warm, a.max_tokens, a.side_timeout, a.ignore_eos)  # warm-up wave, untimed
         m0 = srv.metrics()
-        res = run_load(clients, requests, a.max_tokens, a.side_timeout)
+        res = run_load(clients, requests, a.max_tokens, a.side_timeout, a.ignore_eos)
         m1 = srv.metrics()
-        res.update(ttft_burst(clients, burst, a.max_tokens) if a.ttft else {})
+        res.update(ttft_burst(clients, burst, a.max_tokens, a.ignore_eos) if a.ttft else {})
         res["server_ready_s"] = ready_s
         res["server"] = {k: m1.get(k, 0) - m0.get(k, 0) for k in m1}
         for c in clients:
@@ -246,7 +255,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--side-timeout", type=float, default=120, help="seconds; a side past it is aborted")
     ap.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES)
-    ap.add_argument("--target", default=None)
+    ap.add_argument("--target", default=None, help="model directory, or medium (default: the quickstart policy)")
+    ap.add_argument("--ignore-eos", action="store_true", help="every request generates --max-tokens (on with medium)")
     ap.add_argument("--draft", default=None, help="default: the distilled draft in runs/bench/draft (made if missing)")
     ap.add_argument("--spec-tokens", type=int, default=4)
     ap.add_argument("--no-ttft", dest="ttft", action="store_false", help="skip the streamed TTFT burst")
@@ -254,7 +264,12 @@ def main() -> None:
 
     idle0 = idle_cpu()
     note = machine_note()
-    tdir = Path(a.target) if a.target else target_dir()
+    if a.target == "medium":
+        tdir = medium_target(target_dir(), "runs/bench/serve_medium")
+        a.ignore_eos = True
+        a.sides = [s for s in a.sides if s not in ("fast_draft", "fast_ngram")]
+    else:
+        tdir = Path(a.target) if a.target else target_dir()
     ddir = Path(a.draft) if a.draft else (distil_draft(tdir, "runs/bench/draft") if "fast_draft" in a.sides else None)
     requests = workload(a.requests, seed=34)
     warm = workload(a.clients, seed=340)
@@ -315,7 +330,7 @@ def main() -> None:
             x.pop("token_ids")
     write_json(a.json, {"machine": note, "idle_cpu_at_start": idle0, "idle_cpu_at_end": idle1,
                         "server_env": {"OMP_NUM_THREADS": "1"}, "target": str(tdir), "draft": str(ddir),
-                        "spec_tokens": a.spec_tokens, "clients": a.clients, "requests": a.requests,
+                        "spec_tokens": a.spec_tokens, "ignore_eos": a.ignore_eos, "clients": a.clients, "requests": a.requests,
                         "max_tokens": a.max_tokens, "rounds": a.rounds, "side_timeout_s": a.side_timeout,
                         "rows": rows, "ratios": ratios, "identical_to": ref_side, "identical": identical,
                         "runs": runs, "total_s": time.perf_counter() - t_start})

@@ -13,6 +13,12 @@ target, and a much smaller draft distilled from the target's own greedy answers.
   with the target where it matters: on its own greedy continuations of task prompts. Cached:
   a directory that already has the draft is reused (``meta.json`` names the target it fits).
 
+- ``medium_target(tokenizer_dir, out)``: a randomly initialised 26M-parameter Llama
+  (``MEDIUM_SHAPE``: 8 layers x 512, the quickstart's tokenizer and context) for serving
+  measurements where a forward is compute-bound rather than per-op overhead (the quickstart policy
+  is 0.9M parameters). Its weights are random, so its answers are noise: it measures speed only
+  (requests with ``ignore_eos``), never accuracy.
+
 Held-out (eval split) prompts never enter the draft's training.
 """
 
@@ -31,6 +37,7 @@ import torch
 
 DOMAINS = ["math.arith", "math.word", "code.gen"]
 DRAFT_SHAPE = {"hidden_size": 64, "num_layers": 1, "num_heads": 2, "num_kv_heads": 2, "intermediate_size": 192}
+MEDIUM_SHAPE = {"hidden_size": 512, "num_layers": 8, "num_heads": 8, "num_kv_heads": 8, "intermediate_size": 1408}
 CANDIDATES = ("runs/quickstart/grpo/final", "runs/qs/grpo/final")
 # The benchmarks' shared system prompt (benchmarks/fast_decode.py): half the draft's training prompts
 # carry it, as the served requests do.
@@ -106,6 +113,25 @@ def distil_draft(target: str | Path, out: str | Path, *, seconds: float = 240, p
     meta.write_text(json.dumps({"target": str(target.resolve()), "recipe": 2, "shape": DRAFT_SHAPE, "steps": steps,
                                 "train_prompts": len(seqs), "generate_s": round(gen_s, 1), "train_s": seconds,
                                 "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:]))}, indent=2))
+    return out
+
+
+def medium_target(tokenizer_dir: str | Path, out: str | Path, seed: int = 0) -> Path:
+    """The random ``MEDIUM_SHAPE`` Llama with ``tokenizer_dir``'s tokenizer and context, saved to
+    ``out`` (reused when it is there); returns ``out``."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from rlvr.model.tiny import TinyModelConfig, build_tiny_model
+
+    out = Path(out)
+    if (out / "config.json").exists():
+        return out
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    ctx = AutoConfig.from_pretrained(tokenizer_dir).max_position_embeddings
+    model = build_tiny_model(TinyModelConfig(**MEDIUM_SHAPE, max_positions=ctx), tok, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
     return out
 
 

@@ -46,7 +46,8 @@ function that raises ``AssertionError`` naming what is wrong:
   engine's greedy tokens with the trainer's log-probs, concurrent requests the same as alone, a
   seeded sampled request the same tokens twice, the prompt's log-probs the trainer's; ``stats``
   has its counters; ``load_weights`` of other weights bumps the version and changes the output;
-  ``close`` is idempotent; docs/serve.md names it.
+  ``close`` is idempotent; docs/serve.md names it. The fast engine runs twice: without a draft
+  (continuous batching + prefix cache) and with `--draft ngram` (speculative, in waves).
 
 A deliberately broken domain (its reference fails) and environment (it raises on a malformed call),
 registered with ``Registry.temporary``, make the checks fail (tested at the end), and their healthy
@@ -1051,12 +1052,13 @@ def test_rollout_engine_conforms(name, tiny_model_dir, tmp_path):
     check_engine(name, tiny_model_dir, tmp_path)
 
 
-def check_serving_engine(name: str, model_dir: str, other_dir: str) -> None:
-    """See the module docstring (``check_serving_engine``)."""
+def check_serving_engine(name: str, model_dir: str, other_dir: str, draft: str = "") -> None:
+    """See the module docstring (``check_serving_engine``); ``draft`` (the fast engine's
+    ``--draft``) picks its speculative variant."""
     docs = (Path(rlvr.__file__).parent.parent / "docs" / "serve.md").read_text()
     assert f"`{name}`" in docs, f"docs/serve.md does not name serving engine {name}"
     model, tok = load_model_and_tokenizer(model_dir)
-    cfg = ServeConfig(model=model_dir, device="cpu", max_batch=4, fast=name == "fast",
+    cfg = ServeConfig(model=model_dir, device="cpu", max_batch=4, fast=name == "fast", draft=draft,
                       batching=name if name in ("continuous", "none") else "continuous")
     engine = SERVING_ENGINES.get(name)(cfg, model, tok)
     try:
@@ -1102,8 +1104,8 @@ def check_serving_engine(name: str, model_dir: str, other_dir: str) -> None:
         engine.close()
 
 
-@pytest.mark.parametrize("name", SERVING_ENGINES.names())
-def test_serving_engine_conforms(name, tiny_model_dir, tmp_path):
+@pytest.mark.parametrize(("name", "draft"), [(n, "") for n in SERVING_ENGINES.names()] + [("fast", "ngram")])
+def test_serving_engine_conforms(name, draft, tiny_model_dir, tmp_path):
     from rlvr.model.checkpoint import save_model_dir
 
     model, tok = load_model_and_tokenizer(tiny_model_dir)
@@ -1111,7 +1113,7 @@ def test_serving_engine_conforms(name, tiny_model_dir, tmp_path):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p))
-    check_serving_engine(name, tiny_model_dir, str(save_model_dir(tmp_path / "other", model, tok)))
+    check_serving_engine(name, tiny_model_dir, str(save_model_dir(tmp_path / "other", model, tok)), draft)
 
 
 def check_tracker(name: str, run_dir: Path) -> None:

@@ -1,6 +1,8 @@
-"""rlvr.serve.fast.FastEngine: the fast mode's serving engine. Greedy tokens equal the target's
-own greedy decode with speculation and the prefix cache on, concurrent requests, the shared
-system prompt hits the cache, stop strings / cancel / bounds / weight updates, int8 target."""
+"""The fast mode's serving engines. ``FastEngine`` (with a draft): greedy tokens equal the
+target's own greedy decode with speculation and the prefix cache on, concurrent requests, the
+shared system prompt hits the cache, stop strings / cancel / bounds / weight updates, int8 target.
+``Batcher`` with the prefix cache and int8 (``--fast`` without a draft): the normal mode's tokens,
+fewer prompt tokens prefilled, the cache cleared and the int8 copy rebuilt on a weight update."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from fast_models import DRAFT, PAD, TARGET, arith_tokenizer, noisy_model
 
 from rlvr.model.quantize import quantize_int8
 from rlvr.rollout.engine import SamplingParams, generate
-from rlvr.serve.batcher import wait_idle
+from rlvr.serve.batcher import Batcher, wait_idle
 from rlvr.serve.fast import FastEngine
 from rlvr.serve.types import GenRequest, QueueFull, ServingEngine
 
@@ -117,20 +119,87 @@ def test_sampled_requests_run_with_speculation(tok, target, draft):
         engine.close()
 
 
-def test_int8_target_serves_on_the_hf_forward(tok, target, draft):
+def test_int8_target_runs_on_the_fast_decoder_with_the_cache_and_takes_weight_updates(tok, target, draft, tmp_path):
     engine = FastEngine(target, tok, draft=draft, quantize="int8", spec_tokens=3)
     try:
-        assert engine.cache is None  # int8 runs on the Hugging Face forward: no K/V to cache
+        assert engine.cache is not None  # the fast decoder runs int8: its K/V are cached
         prompts = system_prompts(tok)[:2]
-        ref = greedy_ref(quantize_int8(target), prompts, 8)
-        events = run(engine, [GenRequest(p, max_tokens=8, temperature=0.0, stop_token_ids=()) for p in prompts])
         # Dynamic int8 quantises activations with one scale per forward's input tensor, so the
-        # int8 model's logits move with the batch and the positions in a forward: greedy tokens
-        # agree with its own one-token-per-step decode up to those shifts, not bit for bit.
-        got = [[e.token_id for e in ev] for ev in events]
-        assert [len(g) for g in got] == [8, 8] and [g[0] for g in got] == [r[0] for r in ref]  # same prefill
-        with pytest.raises(ValueError, match="int8"):
-            engine.load_weights("unused")
+        # int8 model's logits move with the batch and the positions in a forward (a k+1-position
+        # verify, a prefill of only the uncached tail): tokens agree with its own one-token-per-
+        # step decode up to those shifts, not bit for bit. A prompt prefilled alone and whole
+        # gives exactly its first token.
+        got = [[e.token_id for e in run(engine, [GenRequest(p, max_tokens=8, temperature=0.0, stop_token_ids=())])[0]]
+               for p in prompts]  # one after the other: the second hits the cache
+        assert [len(g) for g in got] == [8, 8] and got[0][0] == greedy_ref(quantize_int8(target), prompts[:1], 1)[0][0]
+        assert engine.stats()["prefix_cache_hits"] >= 1
+        new = noisy_model(TARGET, tok, 7)
+        new.save_pretrained(tmp_path)
+        assert engine.load_weights(str(tmp_path)) == 1 and len(engine.cache) == 0
+        ev = run(engine, [GenRequest(prompts[0], max_tokens=1, temperature=0.0, stop_token_ids=())])[0]
+        assert ev[0].token_id == greedy_ref(quantize_int8(new), prompts[:1], 1)[0][0] and ev[0].version == 1
+    finally:
+        engine.close()
+
+
+def test_fast_batcher_gives_the_normal_modes_tokens_and_prefills_less(tok, target):
+    """``--fast`` without a draft: continuous batching with the prefix cache. Same greedy tokens
+    as the normal mode; the second pass prefills only each prompt's tail after the cached
+    system-prompt blocks (counted through ``DecodeState.prefill``'s columns)."""
+    import rlvr.rollout.kv_cache as kv
+
+    prompts = system_prompts(tok)
+    reqs = [GenRequest(p, max_tokens=10, temperature=0.0, stop_token_ids=()) for p in prompts]
+    cols: list[int] = []
+    real = kv.DecodeState._prefill_layer
+
+    def counting(self, p, x, li, L):
+        if li == 0:
+            cols.append(x.shape[0] * x.shape[1])
+        return real(self, p, x, li, L)
+
+    kv.DecodeState._prefill_layer = counting
+    normal, fast = Batcher(target, tok, max_batch=4), Batcher(target, tok, max_batch=4, prefix_cache_bytes=1 << 20)
+    try:
+        ref = [[e.token_id for e in ev] for ev in run(normal, reqs)]
+        assert ref == greedy_ref(target, prompts, 10)
+        for rnd in range(2):
+            cols.clear()
+            got = [[e.token_id for e in ev] for ev in run(fast, reqs)]
+            assert got == ref
+            if rnd == 1:  # every prompt hit: each runs only its tail (< 2 blocks), not its whole length
+                assert sum(cols) < sum(len(p) for p in prompts) // 2
+        s = fast.stats()
+        assert s["prefix_cache_hits"] >= 4 and s["prefix_cache_entries"] >= 1 and normal.stats()["prefix_cache_hits"] == 0
+    finally:
+        kv.DecodeState._prefill_layer = real
+        normal.close()
+        fast.close()
+
+
+def test_fast_batcher_int8_and_weight_updates(tok, target, tmp_path):
+    engine = Batcher(target, tok, max_batch=4, prefix_cache_bytes=1 << 20, quantize="int8")
+    try:
+        prompts = system_prompts(tok)[:1]
+        ev = run(engine, [GenRequest(prompts[0], max_tokens=6, temperature=0.0, stop_token_ids=())])[0]
+        assert [e.token_id for e in ev] == greedy_ref(quantize_int8(target), prompts, 6)[0]  # one row: as generate
+        assert wait_idle(engine) and len(engine.cache) == 1
+        new = noisy_model(TARGET, tok, 7)
+        new.save_pretrained(tmp_path)
+        assert engine.load_weights(str(tmp_path)) == 1 and len(engine.cache) == 0
+        ev = run(engine, [GenRequest(prompts[0], max_tokens=6, temperature=0.0, stop_token_ids=())])[0]
+        assert [e.token_id for e in ev] == greedy_ref(quantize_int8(new), prompts, 6)[0] and ev[-1].version == 1
+        assert all(p.dtype.is_floating_point for p in engine.model.parameters())  # updates land in full precision
+    finally:
+        engine.close()
+
+
+def test_serve_config_picks_the_fast_engine(tok, target):
+    from rlvr.serve.config import ENGINES, ServeConfig
+
+    engine = ENGINES.get("fast")(ServeConfig(model="unused", fast=True, quantize="int8"), target, tok)
+    try:
+        assert isinstance(engine, Batcher) and engine.cache is not None and engine.quantize == "int8"
     finally:
         engine.close()
 

@@ -10,7 +10,8 @@
   MLPs); docs/architectures.md.
 - ``FastLlama(model)`` reads the weights from the model's modules once per ``generate`` call
   (``rollout/gemm.py``: fused ``[q; k; v]`` and ``[gate; up]``, stored [in, out], oneDNN-packed
-  on CPU where available; norms and embeddings are the parameters themselves), so an optimizer
+  on CPU where available, or, for a model from ``model/quantize.py``'s ``quantize_int8``, the
+  int8 layers' own packed weights, fused; norms and embeddings are the parameters themselves), so an optimizer
   step between calls is always seen, and holds the layer math: RMSNorm (and Qwen3's q/k norm), RoPE from the model's
   ``inv_freq`` (cos/sin tables built once per call), SwiGLU, the logits in float32.
 - ``FastLlama.start(...)`` returns a ``DecodeState`` (``rollout/kv_cache.py``): the KV cache, and
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rlvr.rollout.gemm import WeightFormat, bias, fused_bias, lin
+from rlvr.rollout.gemm import WeightFormat, bias, fused_bias, int8_fused, is_int8_linear, lin
 from rlvr.rollout.kv_cache import DecodeState
 
 # model_type values whose layers are Llama's (pre-norm, RMSNorm, RoPE, GQA, SwiGLU); the module
@@ -45,7 +46,8 @@ _LLAMA_LIKE = {"llama", "mistral", "qwen2", "phi3", "qwen3"}
 
 @dataclass
 class Layer:
-    """One decoder layer's weights as ``FastLlama`` reads them (matrices in ``WeightFormat``)."""
+    """One decoder layer's weights as ``FastLlama`` reads them (matrices in ``WeightFormat``, or
+    ``Int8Matrix`` with the bias packed in)."""
 
     ln1: torch.Tensor
     ln2: torch.Tensor
@@ -152,8 +154,13 @@ def _layer_reason(layer: torch.nn.Module) -> str | None:
     fused_gu = hasattr(mlp, "gate_up_proj")  # Phi-3: [gate; up] in one projection
     if not all(hasattr(mlp, n) for n in (*(("gate_up_proj",) if fused_gu else ("gate_proj", "up_proj")), "down_proj")):
         return "MLP differs from SwiGLU"
-    if not all(isinstance(getattr(m, "weight", None), torch.Tensor) for m in (att.o_proj, mlp.down_proj)):
-        return "quantised Linear layers (packed int8 weights: model/quantize.py runs them on the Hugging Face forward)"
+    linears = [*((att.qkv_proj,) if fused_qkv else (att.q_proj, att.k_proj, att.v_proj)), att.o_proj,
+               *((mlp.gate_up_proj,) if fused_gu else (mlp.gate_proj, mlp.up_proj)), mlp.down_proj]
+    int8 = [is_int8_linear(m) for m in linears]
+    if any(int8) and not all(int8):
+        return "some of a layer's Linear layers are int8 and some are not (model/quantize.py converts all of them)"
+    if not any(int8) and not all(isinstance(getattr(m, "weight", None), torch.Tensor) for m in linears):
+        return "Linear layers whose weights are not tensors (a quantisation other than model/quantize.py's int8)"
     for name in ("q_norm", "k_norm"):  # Qwen3: RMSNorm over each head's head_dim, before RoPE
         norm = getattr(att, name, None)
         if norm is not None and (not _is_rms(norm) or tuple(norm.weight.shape) != (int(att.head_dim),)):
@@ -184,7 +191,7 @@ class FastLlama:
         self.head_dim = int(att0.head_dim)
         self.rep = self.num_heads // self.num_kv
         mlp0 = inner.layers[0].mlp
-        self.inter = mlp0.gate_proj.weight.shape[0] if hasattr(mlp0, "gate_proj") else mlp0.gate_up_proj.weight.shape[0] // 2
+        self.inter = mlp0.gate_proj.out_features if hasattr(mlp0, "gate_proj") else mlp0.gate_up_proj.out_features // 2
         self.eps = float(getattr(inner.norm, "variance_epsilon", getattr(cfg, "rms_norm_eps", 1e-6)))
         # ``matmul_dtype``: every GEMM in that dtype; activations, norms and logits stay in the model's.
         self.matmul_dtype = matmul_dtype if matmul_dtype not in (None, self.dtype) else None
@@ -263,13 +270,18 @@ def _read_layer(layer: torch.nn.Module, fmt: WeightFormat, heads: int, kv_heads:
     a, m = layer.self_attn, layer.mlp
     qkv = (a.qkv_proj,) if hasattr(a, "qkv_proj") else (a.q_proj, a.k_proj, a.v_proj)  # Phi-3 fuses them
     gu = (m.gate_up_proj,) if hasattr(m, "gate_up_proj") else (m.gate_proj, m.up_proj)  # [gate; up] either way
+    if is_int8_linear(a.o_proj):  # model/quantize.py's int8 layers: the int8 weights, biases packed in
+        mats = dict(wqkv=int8_fused(*qkv), bqkv=None, wo=int8_fused(a.o_proj), bo=None,
+                    wgu=int8_fused(*gu), bgu=None, wd=int8_fused(m.down_proj), bd=None)
+    else:
+        mats = dict(wqkv=fmt.fused(*(x.weight for x in qkv)), bqkv=fused_bias(*qkv),
+                    wo=fmt.matrix(a.o_proj.weight), bo=bias(a.o_proj),
+                    wgu=fmt.fused(*(x.weight for x in gu)), bgu=fused_bias(*gu),
+                    wd=fmt.matrix(m.down_proj.weight), bd=bias(m.down_proj))
     return Layer(
         ln1=layer.input_layernorm.weight.detach(),
         ln2=layer.post_attention_layernorm.weight.detach(),
-        wqkv=fmt.fused(*(x.weight for x in qkv)), bqkv=fused_bias(*qkv),
-        wo=fmt.matrix(a.o_proj.weight), bo=bias(a.o_proj),
-        wgu=fmt.fused(*(x.weight for x in gu)), bgu=fused_bias(*gu),
-        wd=fmt.matrix(m.down_proj.weight), bd=bias(m.down_proj),
+        **mats,
         qkn=torch.cat([a.q_norm.weight.detach().expand(heads, -1), a.k_norm.weight.detach().expand(kv_heads, -1)])
         if hasattr(a, "q_norm") else None,
     )

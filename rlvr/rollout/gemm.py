@@ -8,6 +8,12 @@
   concatenated copies in the same format.
 - ``lin`` / ``lin_res``: ``x @ w (+ b)`` and ``x + h @ w (+ b)`` on either storage, with a GEMM in
   the weights' dtype when it differs from the activations' (``matmul_dtype``).
+- ``Int8Matrix``: the weights of dynamic int8 Linear layers (``model/quantize.py``) as ``lin``
+  multiplies with them: torch's packed int8 weights (fbgemm), fused ``[q; k; v]`` / ``[gate; up]``
+  by stacking the layers' int8 rows and per-row scales (``int8_fused``), so the fused GEMM uses
+  the very int8 weights of the separate layers; activations are quantised per call, one scale per
+  input tensor, exactly as the modules' own forward does it (``quantized.linear_dynamic`` with
+  ``reduce_range``).
 
 Why these formats (plain GEMM vs ``F.linear``, oneDNN vs MKL at decode shapes): docs/rollout.md,
 "Weights".
@@ -75,6 +81,49 @@ class WeightFormat:
         return cat.to(self.gemm_dtype)  # no copy when it is already the model's dtype
 
 
+def is_int8_linear(m) -> bool:
+    """Whether ``m`` is a dynamic int8 Linear (``torch.ao.nn.quantized.dynamic.Linear`` with
+    qint8 weights, what ``quantize_int8`` makes)."""
+    packed = getattr(m, "_packed_params", None)
+    return packed is not None and getattr(packed, "dtype", None) == torch.qint8
+
+
+class Int8Matrix:
+    """Packed int8 weights (one scale per output row) and their fp32 bias, for ``lin``."""
+
+    __slots__ = ("packed", "out_features")
+
+    def __init__(self, packed, out_features: int):
+        self.packed, self.out_features = packed, out_features
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic(x, self.packed, True)  # as the module's forward
+
+
+def int8_fused(*linears) -> Int8Matrix:
+    """Dynamic int8 Linear modules with one input as one ``Int8Matrix`` whose output is their
+    outputs concatenated: the same int8 rows and scales (a layer quantised per tensor gives its
+    one scale to each of its rows), the biases concatenated."""
+    if len(linears) == 1:
+        m = linears[0]
+        return Int8Matrix(m._packed_params._packed_params, m.out_features)
+    reprs, scales, zeros, biases = [], [], [], []
+    for m in linears:
+        w, b = m._weight_bias()
+        rows = w.shape[0]
+        reprs.append(w.int_repr())
+        if w.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+            scales.append(w.q_per_channel_scales().double())
+            zeros.append(w.q_per_channel_zero_points().long())
+        else:
+            scales.append(torch.full((rows,), w.q_scale(), dtype=torch.float64))
+            zeros.append(torch.full((rows,), w.q_zero_point(), dtype=torch.long))
+        biases.append(b if b is not None else torch.zeros(rows))
+    q = torch._make_per_channel_quantized_tensor(torch.cat(reprs), torch.cat(scales), torch.cat(zeros), 0)
+    bias = None if all(m._weight_bias()[1] is None for m in linears) else torch.cat(biases).float()
+    return Int8Matrix(torch.ops.quantized.linear_prepack(q, bias), q.shape[0])
+
+
 def fused_bias(*linears) -> torch.Tensor | None:
     """The biases of ``linears`` concatenated (zeros for one without), None when none has one."""
     if all(m.bias is None for m in linears):
@@ -100,7 +149,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
 def lin(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, keep: bool = False) -> torch.Tensor:
     """``x @ w (+ b)`` with ``w`` stored [in, out] (or oneDNN-packed). A ``w`` in another dtype
     (``matmul_dtype``) runs the GEMM in ``w``'s dtype and returns ``x``'s; ``keep=True`` leaves
-    the result (bias included) in ``w``'s dtype, as autocast leaves a linear's output."""
+    the result (bias included) in ``w``'s dtype, as autocast leaves a linear's output. An
+    ``Int8Matrix`` carries its own bias (``b`` is None for it)."""
+    if isinstance(w, Int8Matrix):
+        return w(x)
     if w.dtype != x.dtype:
         if keep:
             return linear(x.to(w.dtype), w, b)
@@ -112,6 +164,8 @@ def lin(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, keep: b
 def lin_res(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """``x + h @ w (+ b)`` for 2-D ``x``, the residual add fused into the GEMM when possible (a
     GEMM in another dtype is added to ``x`` in ``x``'s dtype)."""
+    if isinstance(w, Int8Matrix):
+        return x + w(h)
     if b is None and w.dtype == x.dtype == h.dtype:
         if w.is_mkldnn:
             return torch.ops.mkldnn._linear_pointwise.binary(h, x, w, None, "add")

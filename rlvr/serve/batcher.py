@@ -28,7 +28,13 @@ Reproducibility: a request with a ``seed`` samples from its own generator, so it
 depend on the batch it shares; without one, its seed is derived from the engine's ``seed`` and the
 request's arrival number. Greedy (temperature 0) is batch-independent up to float error.
 
-Not here: prefix caching, speculative decoding (the fast mode plugs its own engine), CUDA graphs
+The fast mode (``rlvr serve --fast`` without a draft) is this engine with two options:
+``prefix_cache_bytes`` > 0 puts a prefix cache across requests in front of the prefill
+(``rows.py``; cleared on a weight update), and ``quantize="int8"`` serves an int8 copy of the
+model (``model/quantize.py``: decoder Linear layers in dynamic int8, run by the fast decoder);
+weight updates go into the full-precision model, which is quantised again.
+
+Not here: speculative decoding (the fast mode's ``rlvr/serve/fast.py``, in waves), CUDA graphs
 (batch shapes change every step), chunked prefill (a long prompt's prefill delays the running
 rows by one forward).
 """
@@ -46,8 +52,10 @@ import torch
 
 from rlvr.errors import UserError
 from rlvr.model.logprobs import sequence_logprobs
+from rlvr.model.quantize import quantize_int8
 from rlvr.rollout.decoder import FastLlama, unsupported_reason
 from rlvr.rollout.engine import model_stop_ids
+from rlvr.rollout.prefix_cache import PrefixCache
 from rlvr.serve.rows import FastRows, HFRows
 from rlvr.serve.intake import Intake
 from rlvr.serve.sampling import request_generator, sample_rows
@@ -68,22 +76,28 @@ class _Running:
 
 
 class Batcher(Intake):
-    """Continuous batching on rlvr's fast decoder (see the module docstring)."""
+    """Continuous batching on rlvr's fast decoder (see the module docstring); with
+    ``prefix_cache_bytes`` > 0 a prefix cache of ``prefix_block``-token blocks, with
+    ``quantize="int8"`` an int8 copy of the model (the fast mode)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, max_batch: int = 16, max_waiting: int = 64,
                  max_context: int | None = None, batching: Literal["continuous", "none"] = "continuous",
-                 seed: int = 0):
+                 seed: int = 0, prefix_cache_bytes: int = 0, prefix_block: int = 16, quantize: str | None = None):
         if batching not in ("continuous", "none"):
             raise UserError(f"--batching must be continuous or none, got {batching!r}")
         if max_batch < 1 or max_waiting < 0:
             raise UserError(f"--max-batch must be >= 1 and --max-waiting >= 0 (got {max_batch}, {max_waiting})")
-        self.model, self.tokenizer = model.eval(), tokenizer
+        if quantize not in (None, "int8"):
+            raise UserError(f"--quantize must be int8 (or absent), got {quantize!r}")
+        self.model, self.tokenizer, self.quantize = model.eval(), tokenizer, quantize
+        self.served = quantize_int8(model) if quantize else self.model  # what the decoder runs
+        self.cache = PrefixCache(prefix_cache_bytes, prefix_block) if prefix_cache_bytes > 0 else None
         self._open_intake(model, max_waiting, max_context)
         self.max_batch = 1 if batching == "none" else max_batch
         self.batching, self.seed = batching, seed
         self.stop_ids = model_stop_ids(model)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
-        reason = unsupported_reason(model, self.max_context)
+        reason = unsupported_reason(self.served, self.max_context)
         if reason is not None and batching == "continuous":
             raise UserError(f"continuous batching runs on rlvr's fast decoder, which cannot run this model "
                             f"({reason}); pass --batching none (one request at a time on the Hugging Face forward)")
@@ -96,8 +110,8 @@ class Batcher(Intake):
 
     def _new_rows(self):
         if self.backend == "fast":
-            return FastRows(FastLlama(self.model), self.max_batch, self.max_context, self.pad)
-        return HFRows(self.model, self.pad)
+            return FastRows(FastLlama(self.served), self.max_batch, self.max_context, self.pad, self.cache)
+        return HFRows(self.served, self.pad)
 
     # -- the ServingEngine interface (any thread) -------------------------------------------------
     def cancel(self, handle: RequestHandle) -> None:
@@ -106,9 +120,10 @@ class Batcher(Intake):
             self._lock.notify()
 
     def stats(self) -> dict[str, int | float]:
+        caches = self.cache.stats() if self.cache is not None else {}
         with self._lock:
             return {"running": len(self._running), "waiting": len(self._waiting), "version": self._version,
-                    **self.counters}
+                    **self.counters, **caches}
 
     def load_weights(self, model_dir: str) -> int:
         return self._queue_update(self.model, model_dir)
@@ -168,8 +183,14 @@ class Batcher(Intake):
             own = dict(self.model.named_parameters())
             for k, v in params.items():
                 own[k].copy_(v)
+            if self.quantize:
+                self.served = quantize_int8(self.model)
+                if self.backend == "hf":
+                    self.rows.model = self.served
+            if self.cache is not None:  # its K/V came from the old weights
+                self.cache.clear()
             if self.backend == "fast":  # the fast decoder reads (and may pack) the weights once
-                fast = FastLlama(self.model)
+                fast = FastLlama(self.served)
                 self.rows.fast = fast
                 self.rows.state.f = fast
             self._version += 1
@@ -197,7 +218,7 @@ class Batcher(Intake):
             stop = frozenset(req.stop_token_ids if req.stop_token_ids is not None else self.stop_ids)
             if req.prompt_logprobs:
                 ids = torch.tensor([req.prompt_ids], device=self._device())
-                handle.prompt_logprobs = sequence_logprobs(self.model, ids, torch.ones_like(ids))[0].tolist()
+                handle.prompt_logprobs = sequence_logprobs(self.served, ids, torch.ones_like(ids))[0].tolist()
             if req.max_tokens == 0:
                 handle.put(TokenEvent(None, None, "length", self._version))
             else:

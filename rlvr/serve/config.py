@@ -52,9 +52,9 @@ class ServeConfig:
     seed: int = 0
     """Seed of the streams of requests that send no seed."""
     fast: bool = False
-    """Serve with the fast mode's engine (rlvr/serve/fast.py: prefix cache, speculative decoding, int8) instead of the batcher."""
+    """Fast mode: continuous batching with a prefix cache across requests (rlvr/serve/batcher.py); with --draft, speculative decoding in waves (rlvr/serve/fast.py); --quantize int8 on top."""
     draft: str = ""
-    """--fast: draft model directory (the target's tokenizer), or "ngram": prompt-lookup drafts (the k tokens that followed the latest earlier match of the last 1-3 tokens in the request's own context; no draft model); empty: no speculative decoding, prefix cache only."""
+    """--fast: draft model directory (the target's tokenizer), or "ngram": prompt-lookup drafts (the k tokens that followed the latest earlier match of the last 1-3 tokens in the request's own context; no draft model); empty: no speculative decoding (continuous batching + prefix cache)."""
     spec_tokens: int = 4
     """--fast with --draft: draft tokens proposed per round."""
     quantize: str = ""
@@ -111,8 +111,19 @@ def _one_at_a_time(cfg: ServeConfig, model, tokenizer) -> ServingEngine:
                    max_context=cfg.max_context or None, batching="none", seed=cfg.seed)
 
 
+PREFIX_CACHE_BYTES = 256 << 20  # the fast mode's prefix cache bound
+
+
 @ENGINES.register("fast")
 def _fast(cfg: ServeConfig, model, tokenizer) -> ServingEngine:
-    from rlvr.serve.fast import from_serve_config
+    """``--fast``: with ``--draft``, the speculative engine (waves); without, continuous batching
+    with the prefix cache; ``--quantize int8`` on either."""
+    if cfg.draft:
+        from rlvr.serve.fast import from_serve_config
 
-    return from_serve_config(cfg, model, tokenizer)
+        return from_serve_config(cfg, model, tokenizer)
+    from rlvr.serve.batcher import Batcher
+
+    return Batcher(model, tokenizer, max_batch=cfg.max_batch, max_waiting=cfg.max_waiting,
+                   max_context=cfg.max_context or None, batching="continuous", seed=cfg.seed,
+                   prefix_cache_bytes=PREFIX_CACHE_BYTES, quantize=cfg.quantize or None)

@@ -22,14 +22,16 @@ distribution (the rejection-sampling rule), but a wave shares one random stream:
 (the normal mode gives each request its own stream). Log-probs are the target's plain policy.
 
 int8 (``quantize="int8"``): the target's decoder Linear layers in dynamic int8
-(``rlvr/model/quantize.py``). rlvr's fast decoder cannot read packed int8 weights, so the target
-then runs on the Hugging Face forward (with speculative decoding still, but without the prefix
-cache, which holds the fast decoder's K/V); ``load_weights`` is refused. Its accuracy cost and
-speed: docs/serve.md, "Fast mode".
+(``rlvr/model/quantize.py``), run by rlvr's fast decoder (with the prefix cache). Its accuracy
+cost and speed: docs/fast_mode.md.
 
 Weight updates (``load_weights``) apply between waves, to the target only (the draft keeps its
-weights: acceptance may drop, greedy output still follows the new target); the prefix cache is
-cleared.
+weights: acceptance may drop, greedy output still follows the new target; an int8 target is
+quantised again from the updated full-precision weights); the prefix caches are cleared.
+
+Without a draft, ``rlvr serve --fast`` does not use this engine: it runs continuous batching with
+the prefix cache (``rlvr/serve/batcher.py``), which keeps every row busy where waves wait for
+their slowest row.
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ class FastEngine(Intake):
             draft = draft.eval()
         elif draft is not None and not isinstance(draft, NgramDraft):
             raise ValueError(f"draft must be a model, 'ngram' or None, got {draft!r}")
-        self.target = quantize_int8(model) if quantize == "int8" else model.eval()
+        self.model = model.eval()  # full precision: weight updates land here
+        self.target = quantize_int8(model) if quantize == "int8" else self.model
         self.draft, self.k, self.quantize, self.tokenizer = draft, spec_tokens, quantize, tokenizer
         self._open_intake(model, max_waiting, max_context)
         self.max_batch, self.seed = max_batch, seed
@@ -113,9 +116,7 @@ class FastEngine(Intake):
                     "spec_acceptance_rate": round(self.spec.acceptance_rate, 4)}
 
     def load_weights(self, model_dir: str) -> int:
-        if self.quantize is not None:
-            raise ValueError("load_weights is not supported on an int8-quantised target (--quantize int8)")
-        return self._queue_update(self.target, model_dir)
+        return self._queue_update(self.model, model_dir)
 
     # -- the engine thread ---------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -164,10 +165,12 @@ class FastEngine(Intake):
 
     def _swap(self, params: dict, done: Future) -> None:
         try:
-            own = dict(self.target.named_parameters())
+            own = dict(self.model.named_parameters())
             with torch.no_grad():
                 for k, v in params.items():
                     own[k].copy_(v)
+            if self.quantize:
+                self.target = quantize_int8(self.model)
             for c in (self.cache, self.draft_cache):
                 if c is not None:
                     c.clear()

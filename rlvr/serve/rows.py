@@ -10,6 +10,10 @@ newest token is at ``col - 1``), and ``valid`` masks each row's columns before i
   columns ``[col - L, col)``; when a prompt is longer than ``col``, every running row is first
   shifted right by the difference (their mask moves with them; RoPE positions are per row, so
   a shift changes nothing they compute).
+- prefix cache (optional, the fast mode's): each distinct prompt starts from the K/V of its
+  longest cached block-aligned prefix (``rollout/prefix_cache.py``), so a shared system prompt
+  is prefilled once and later prompts run only their own tokens; every prompt's K/V is stored
+  after its prefill.
 - leave: ``DecodeState.compact`` keeps the live rows (moved to the front).
 - full cache: when ``col`` reaches ``max_len``, every row is shifted left by the first column any
   row still uses. A row never spans more than prompt + max_tokens <= ``max_len`` columns
@@ -29,13 +33,17 @@ import torch
 
 from rlvr.rollout.decoder import FastLlama
 from rlvr.rollout.hf_backend import HFState
+from rlvr.rollout.kv_cache import KVPrefix
+from rlvr.rollout.prefix_cache import PrefixCache
 
 
 class FastRows:
     """The running rows on the fast decoder (see the module docstring)."""
 
-    def __init__(self, fast: FastLlama, capacity: int, max_len: int, pad_token_id: int):
+    def __init__(self, fast: FastLlama, capacity: int, max_len: int, pad_token_id: int,
+                 cache: PrefixCache | None = None):
         self.fast, self.capacity, self.max_len, self.pad = fast, capacity, max_len, pad_token_id
+        self.cache = cache
         self.state = fast.start(capacity, max_len, cuda_graphs=False, share_prompts=False)
         for buf in (*self.state.k, *self.state.v):
             buf.zero_()
@@ -56,7 +64,12 @@ class FastRows:
         W = max(len(p) for p in unique)
         dev = self.fast.device
         one = self.fast.start(len(unique), W, cuda_graphs=False, share_prompts=False)
-        logits = one.prefill([list(p) for p in unique], torch.arange(len(unique), device=dev), self.pad)
+        past = [self.cache.lookup(p) for p in unique] if self.cache is not None else None
+        logits = one.prefill([list(p) for p in unique], torch.arange(len(unique), device=dev), self.pad, past=past)
+        if self.cache is not None:
+            for k, p in enumerate(unique):  # views: the cache copies what it keeps
+                L = len(p)
+                self.cache.insert(p, KVPrefix([K[k, :, W - L:W] for K in one.k], [V[k, :, W - L:W] for V in one.v]))
         if s.n == 0:
             s.col = W
         elif W > s.col:
