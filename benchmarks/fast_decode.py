@@ -12,20 +12,21 @@ each round (the order rotates); medians over rounds; the idle CPU is noted at th
    decoder); ``spec_kK``: ``speculative_generate`` with the draft proposing K tokens. Batch 16 (16
    prompts together) and batch 1 (4 prompts, one at a time). The tokens of every speculative side
    are asserted identical to the target's; the draft's acceptance rate is recorded.
-2. ``int8``: tokens/s of the int8 target (``model/quantize.py``; Hugging Face forward, the only
-   path that runs packed int8 weights) against the fp32 target on the same forward and on the
-   fast decoder (batch 16, 64 tokens), and held-out greedy pass@1 of fp32, int8 (per-channel
-   weight scales, the default) and int8 with per-tensor scales on ``--tasks`` math tasks
-   (``rlvr.eval.evaluate``, the eval split).
+2. ``int8``: tokens/s of the int8 target (``model/quantize.py``) on rlvr's fast decoder and on
+   the Hugging Face forward against the fp32 target on the fast decoder (batch 16, 64 tokens),
+   and held-out greedy pass@1 of fp32, int8 (per-channel weight scales, the default) and int8
+   with per-tensor scales on ``--tasks`` math tasks (``rlvr.eval.evaluate``, the eval split; the
+   engine runs int8 on the fast decoder).
 3. ``prefix``: 16 requests one at a time, each a ~100-token shared system prompt + its own
    question, 16 new tokens (greedy). ``no_cache``: ``engine.generate``; ``cache``:
    ``prefix_cache.cached_generate`` with a cache that one earlier request warmed. Tokens run
    through the prefill counted per request; outputs asserted identical.
 4. ``serve``: in-process load, no HTTP: 16 client threads, each sending ``--serve-requests``
    greedy requests one after another (the system prompt + its own question, 32 new tokens) to the
-   normal engine (``serve/batcher.py``, continuous batching), ``FastEngine`` without draft and
-   with a zero-byte prefix cache (waves alone), with the prefix cache, and with the draft too; tokens/s over the wall time, p50/p99 request latency,
-   and how many requests' tokens equal the normal engine's.
+   normal engine (``serve/batcher.py``, continuous batching), the fast mode without a draft (the
+   same engine with the prefix cache; and with int8 weights too) and ``FastEngine`` with the draft
+   (waves); tokens/s over the wall time, p50/p99 request latency, and how many requests' tokens
+   equal the normal engine's.
 """
 
 from __future__ import annotations
@@ -106,8 +107,8 @@ def bench_int8(target, tok, rounds: int, tasks: int) -> dict:
     params = SamplingParams(max_new_tokens=64, temperature=0.0, stop_token_ids=())  # 64 tokens per row, all sides
     prompts = task_prompts(tok, "eval", 16, seed=2)
     sides = {"fp32_fast": lambda: generate(target, prompts, params, pad_token_id=pad),
-             "fp32_hf": lambda: generate(target, prompts, params, pad_token_id=pad, backend="hf"),
-             "int8_hf": lambda: generate(q, prompts, params, pad_token_id=pad)}
+             "int8_fast": lambda: generate(q, prompts, params, pad_token_id=pad, backend="fast"),
+             "int8_hf": lambda: generate(q, prompts, params, pad_token_id=pad, backend="hf")}
     res = alternate(sides, rounds)
     rows = []
     for name, runs in res.items():
@@ -115,7 +116,7 @@ def bench_int8(target, tok, rounds: int, tasks: int) -> dict:
         rows.append({"section": "int8", "batch": 16, "side": name, "tokens": n_tok,
                      "tokens_per_s": n_tok / statistics.median(s for s, _ in runs)})
     for r in rows:
-        r["vs_fp32_hf"] = r["tokens_per_s"] / rows[1]["tokens_per_s"]
+        r["vs_fp32_fast"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
     domains = ["math.arith", "math.word"]
     ts = generate_tasks(domains, "eval", tasks, seed=1234)
     cfg = EvalConfig(domains=domains, tasks=tasks)
@@ -165,7 +166,8 @@ def bench_prefix(target, tok, rounds: int) -> dict:
 def bench_serve(target, draft, tok, k: int, requests_per_client: int, clients: int = 16) -> dict:
     """In-process load (no HTTP): ``clients`` threads, each sending ``requests_per_client``
     greedy requests one after another (system prompt + its own question, 32 new tokens), to the
-    normal engine (continuous batching) and to ``FastEngine`` without and with the draft."""
+    normal engine (continuous batching), the fast mode without a draft (prefix cache, then int8
+    too) and ``FastEngine`` with the draft."""
     import threading
 
     from rlvr.model.tokenizer import encode_chat_prompt
@@ -176,9 +178,11 @@ def bench_serve(target, draft, tok, k: int, requests_per_client: int, clients: i
 
     tasks = generate_tasks(["math.arith", "math.word"], "eval", clients * requests_per_client, seed=4)
     prompts = [list(encode_chat_prompt(tok, [{"role": "system", "content": SYSTEM}, *t.prompt])) for t in tasks]
+    cache = 256 << 20
     engines = {"normal_continuous": lambda: Batcher(target, tok, max_batch=clients),
-               "fast_waves_no_cache": lambda: FastEngine(target, tok, max_batch=clients, prefix_cache_bytes=0),
-               "fast_prefix_only": lambda: FastEngine(target, tok, max_batch=clients),
+               "fast_prefix": lambda: Batcher(target, tok, max_batch=clients, prefix_cache_bytes=cache),
+               "fast_prefix_int8": lambda: Batcher(target, tok, max_batch=clients, prefix_cache_bytes=cache,
+                                                   quantize="int8"),
                f"fast_spec_k{k}": lambda: FastEngine(target, tok, draft=draft, spec_tokens=k, max_batch=clients)}
     rows, outputs = [], {}
     for name, make in engines.items():
@@ -262,7 +266,7 @@ def main() -> None:
         rows += out["serve"]["rows"]
     print(note)
     print_table(rows, ["section", "batch", "side", "tokens", "tokens_per_s", "vs_target", "acceptance",
-                       "vs_fp32_hf", "ms_per_request", "prefilled_per_request", "vs_no_cache", "p50_s", "p99_s",
+                       "vs_fp32_fast", "ms_per_request", "prefilled_per_request", "vs_no_cache", "p50_s", "p99_s",
                        "vs_normal"])
     if "int8" in out:
         print("pass@1:", {k: round(v["pass@1"], 4) for k, v in out["int8"]["pass@1"].items()},

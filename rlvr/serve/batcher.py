@@ -189,6 +189,8 @@ class Batcher(Intake):
                     self.rows.model = self.served
             if self.cache is not None:  # its K/V came from the old weights
                 self.cache.clear()
+                if self.backend == "fast":
+                    self.rows.retire_prefix()
             if self.backend == "fast":  # the fast decoder reads (and may pack) the weights once
                 fast = FastLlama(self.served)
                 self.rows.fast = fast

@@ -253,24 +253,6 @@ class FastEngine(Intake):
             done.set_exception(NotReady("the server is shutting down"))
 
 
-def load_fast_engine(model_dir: str, *, draft_dir: str | None = None, quantize: str | None = None,
-                     spec_tokens: int = 4, **kwargs) -> FastEngine:
-    """``rlvr serve --fast``: the target (and draft) from Hugging Face directories on CPU, float32."""
-    from transformers import AutoTokenizer
-
-    from rlvr.model.load import load_model
-
-    model = load_model(model_dir, dtype=torch.float32, device="cpu")
-    if draft_dir == "ngram":
-        return FastEngine(model, AutoTokenizer.from_pretrained(model_dir), draft="ngram", quantize=quantize,
-                          spec_tokens=spec_tokens, **kwargs)
-    draft = load_model(draft_dir, dtype=torch.float32, device="cpu") if draft_dir else None
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    if draft_dir:
-        check_pair(model, draft, tok, AutoTokenizer.from_pretrained(draft_dir))
-    return FastEngine(model, tok, draft=draft, quantize=quantize, spec_tokens=spec_tokens, **kwargs)
-
-
 def from_serve_config(cfg, model: torch.nn.Module, tokenizer) -> FastEngine:
     """The ``ENGINES`` factory of ``rlvr serve --fast`` (``rlvr/serve/config.py``): ``cfg.draft``
     (a directory, "ngram" for prompt lookup, "" for none), ``cfg.quantize`` ("" or "int8"), ``cfg.spec_tokens`` and the

@@ -13,7 +13,9 @@ newest token is at ``col - 1``), and ``valid`` masks each row's columns before i
 - prefix cache (optional, the fast mode's): each distinct prompt starts from the K/V of its
   longest cached block-aligned prefix (``rollout/prefix_cache.py``), so a shared system prompt
   is prefilled once and later prompts run only their own tokens; every prompt's K/V is stored
-  after its prefill.
+  after its prefill. The longest prefix hit then becomes the batch's shared prefix
+  (``shared_prefix.py``): rows that start with it keep only the rest of their prompt in their
+  cache columns, and decode steps read the prefix's K/V once for all of them.
 - leave: ``DecodeState.compact`` keeps the live rows (moved to the front).
 - full cache: when ``col`` reaches ``max_len``, every row is shifted left by the first column any
   row still uses. A row never spans more than prompt + max_tokens <= ``max_len`` columns
@@ -35,6 +37,7 @@ from rlvr.rollout.decoder import FastLlama
 from rlvr.rollout.hf_backend import HFState
 from rlvr.rollout.kv_cache import KVPrefix
 from rlvr.rollout.prefix_cache import PrefixCache
+from rlvr.serve.shared_prefix import SharedPrefixState
 
 
 class FastRows:
@@ -44,7 +47,8 @@ class FastRows:
                  cache: PrefixCache | None = None):
         self.fast, self.capacity, self.max_len, self.pad = fast, capacity, max_len, pad_token_id
         self.cache = cache
-        self.state = fast.start(capacity, max_len, cuda_graphs=False, share_prompts=False)
+        self.state = (SharedPrefixState(fast, capacity, max_len) if cache is not None
+                      else fast.start(capacity, max_len, cuda_graphs=False, share_prompts=False))
         for buf in (*self.state.k, *self.state.v):
             buf.zero_()
         self.state.n, self.state.col = 0, 0
@@ -66,24 +70,36 @@ class FastRows:
         one = self.fast.start(len(unique), W, cuda_graphs=False, share_prompts=False)
         past = [self.cache.lookup(p) for p in unique] if self.cache is not None else None
         logits = one.prefill([list(p) for p in unique], torch.arange(len(unique), device=dev), self.pad, past=past)
+        skip = dict.fromkeys(unique, 0)  # prompt tokens a row leaves to the shared prefix
         if self.cache is not None:
             for k, p in enumerate(unique):  # views: the cache copies what it keeps
                 L = len(p)
                 self.cache.insert(p, KVPrefix([K[k, :, W - L:W] for K in one.k], [V[k, :, W - L:W] for V in one.v]))
+            s.adopt(unique, past)
+            skip = {p: s.shared_len(p) for p in unique}
+        need = max(len(p) - skip[p] for p in unique)  # cache columns the new rows take
         if s.n == 0:
-            s.col = W
-        elif W > s.col:
-            self._shift(W - s.col)
+            s.col = need
+        elif need > s.col:
+            self._shift(need - s.col)
         c = s.col
         for p in prompts:
-            r, k, L = s.n, at[tuple(p)], len(p)
+            p = tuple(p)
+            r, k, L, P = s.n, at[p], len(p), skip[p]
             for dst, src in zip((*s.k, *s.v), (*one.k, *one.v)):
-                dst[r, :, c - L:c] = src[k, :, W - L:W]
+                dst[r, :, c - L + P:c] = src[k, :, W - L + P:W]
             s.valid[r] = False
-            s.valid[r, c - L:c] = True
+            s.valid[r, c - L + P:c] = True
             s.pos[r] = L
+            if self.cache is not None:
+                s.uses[r] = P > 0
             s.n += 1
         return logits.index_select(0, torch.tensor([at[tuple(p)] for p in prompts], device=dev))
+
+    def retire_prefix(self) -> None:
+        """After a weight update: new rows no longer attach to the shared prefix."""
+        if isinstance(self.state, SharedPrefixState):
+            self.state.retire()
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row ([n] long); returns the next logits [n, V] float32."""
