@@ -14,9 +14,13 @@ each round (the order rotates); medians over rounds; the idle CPU is noted at th
    are asserted identical to the target's; the draft's acceptance rate is recorded.
 2. ``int8``: tokens/s of the int8 target (``model/quantize.py``) on rlvr's fast decoder and on
    the Hugging Face forward against the fp32 target on the fast decoder (batch 16, 64 tokens),
-   and held-out greedy pass@1 of fp32, int8 (per-channel weight scales, the default) and int8
-   with per-tensor scales on ``--tasks`` math tasks (``rlvr.eval.evaluate``, the eval split; the
-   engine runs int8 on the fast decoder).
+   and held-out greedy pass@1 of fp32, int8 (per-channel weight scales, the default), int8 with
+   per-tensor weight scales and PyTorch's dynamic int8 (one activation scale per input tensor,
+   ``torch_dynamic_int8``) on ``--tasks`` math tasks (``rlvr.eval.evaluate``, the eval split,
+   batches of 256; the engine runs rlvr's int8 on the fast decoder).
+   ``int8_gemm``: one decoder GEMM (``[h, 3h]``, as a fused q/k/v) through ``rollout/gemm.py``'s
+   ``lin``: oneDNN-packed fp32 against ``Int8Matrix`` (per-token int8 activations), hidden size
+   128 / 512 / 1024, 16 rows (a decode step) and 512 rows (a prefill); median of 200 calls.
 3. ``prefix``: 16 requests one at a time, each a ~100-token shared system prompt + its own
    question, 16 new tokens (greedy). ``no_cache``: ``engine.generate``; ``cache``:
    ``prefix_cache.cached_generate`` with a cache that one earlier request warmed. Tokens run
@@ -121,13 +125,55 @@ def bench_int8(target, tok, rounds: int, tasks: int) -> dict:
     ts = generate_tasks(domains, "eval", tasks, seed=1234)
     cfg = EvalConfig(domains=domains, tasks=tasks)
     acc = {}
-    for name, m in (("fp32", target), ("int8", q), ("int8_per_tensor", quantize_int8(target, per_channel=False))):
+    for name, m in (("fp32", target), ("int8", q), ("int8_per_tensor", quantize_int8(target, per_channel=False)),
+                    ("torch_dynamic_int8", torch_dynamic_int8(target))):
         secs, rep = timed(lambda m=m: evaluate(m, tok, ts, cfg))
         acc[name] = {"pass@1": rep["overall"]["pass@1"], "ci95": rep["overall"]["pass@1_ci95"],
                      "by_domain": {d: v["pass@1"] for d, v in rep["by_domain"].items()}, "seconds": round(secs, 1)}
     return {"rows": rows, "pass@1": acc, "tasks": len(ts),
             "weight_bytes": {"fp32": weight_bytes(target), "int8": weight_bytes(q)},
             "pass@1_change_points": round(100 * (acc["int8"]["pass@1"] - acc["fp32"]["pass@1"]), 2)}
+
+
+def bench_int8_gemm(repeats: int = 200) -> dict:
+    import torch
+    from torch import nn
+
+    from rlvr.model.quantize import Int8Linear
+    from rlvr.rollout.gemm import WeightFormat, int8_fused, lin
+
+    rows = []
+    for h in (128, 512, 1024):
+        layer = nn.Linear(h, 3 * h, bias=False)
+        fp32 = WeightFormat(torch.device("cpu"), torch.float32, None, 3 * h * h).matrix(layer.weight)
+        int8 = int8_fused(Int8Linear(layer))
+        for n in (16, 512):
+            x = torch.randn(n, h)
+            with torch.inference_mode():
+                t = {name: statistics.median(timed(lambda w=w: lin(x, w))[0] for _ in range(repeats))
+                     for name, w in (("fp32", fp32), ("int8", int8))}
+            rows.append({"section": "int8_gemm", "batch": n, "side": f"h{h}", "fp32_us": 1e6 * t["fp32"],
+                         "int8_us": 1e6 * t["int8"], "int8_vs_fp32": t["int8"] / t["fp32"]})
+    return {"rows": rows}
+
+
+def torch_dynamic_int8(model):
+    """PyTorch's own dynamic int8 (``quantize_dynamic``, per-channel weights, one activation scale
+    per input tensor; the Hugging Face forward runs it): the reference arm of the pass@1 check."""
+    import copy
+    import warnings
+
+    import torch
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    from rlvr.model.quantize import int8_layers
+
+    q = copy.deepcopy(model).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch.ao.quantization's deprecation notice)
+        quantize_dynamic(q, dict.fromkeys(int8_layers(model), per_channel_dynamic_qconfig), dtype=torch.qint8,
+                         inplace=True)
+    return q
 
 
 def bench_prefix(target, tok, rounds: int) -> dict:
@@ -230,7 +276,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=400, help="held-out math tasks for the int8 pass@1")
     ap.add_argument("--target", default=None)
     ap.add_argument("--draft", default=None, help="default: distil one into runs/bench/draft")
-    ap.add_argument("--only", nargs="+", default=["speculative", "int8", "prefix", "serve"])
+    ap.add_argument("--only", nargs="+", default=["speculative", "int8", "int8_gemm", "prefix", "serve"])
     ap.add_argument("--serve-requests", type=int, default=4, help="requests per client (16 clients)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = ap.parse_args()
@@ -258,6 +304,8 @@ def main() -> None:
     if "int8" in a.only:
         out["int8"] = bench_int8(target, tok, a.rounds, a.tasks)
         rows += out["int8"]["rows"]
+    if "int8_gemm" in a.only:
+        out["int8_gemm"] = bench_int8_gemm()
     if "prefix" in a.only:
         out["prefix"] = bench_prefix(target, tok, a.rounds)
         rows += out["prefix"]["rows"]
@@ -268,6 +316,8 @@ def main() -> None:
     print_table(rows, ["section", "batch", "side", "tokens", "tokens_per_s", "vs_target", "acceptance",
                        "vs_fp32_fast", "ms_per_request", "prefilled_per_request", "vs_no_cache", "p50_s", "p99_s",
                        "vs_normal"])
+    if "int8_gemm" in out:
+        print_table(out["int8_gemm"]["rows"], ["section", "batch", "side", "fp32_us", "int8_us", "int8_vs_fp32"])
     if "int8" in out:
         print("pass@1:", {k: round(v["pass@1"], 4) for k, v in out["int8"]["pass@1"].items()},
               "change (points):", out["int8"]["pass@1_change_points"], "on", out["int8"]["tasks"], "tasks")

@@ -1,37 +1,76 @@
 """int8 weight quantisation of a causal LM's decoder Linear layers, for serving on CPU.
 
-``quantize_int8(model)`` runs PyTorch's dynamic quantisation
-(``torch.ao.quantization.quantize_dynamic``; int8 weights with one scale per output channel,
-``per_channel_dynamic_qconfig``, the usual granularity for LLM weights; activations quantised per
-forward at run time; fbgemm/oneDNN int8 GEMMs) on every ``nn.Linear`` inside the decoder layers:
-attention q/k/v/o and the MLP. ``per_channel=False`` takes PyTorch's default qconfig instead (one
-scale per weight matrix): on the quickstart policy it cost 1.25 points of held-out pass@1 where
-per-channel cost none (docs/fast_mode.md). The LM head and the
-embeddings stay in full precision, as PyTorch's dynamic-quantisation guide and the usual LLM recipe
-do (``nn.Embedding`` is not a dynamic-quantisation target, and the head, often tied to the
-embedding, is the layer most sensitive to rounding). It returns a copy; the original model is
-untouched.
+``quantize_int8(model)`` returns a copy whose Linear layers inside the decoder layers (attention
+q/k/v/o and the MLP) are ``Int8Linear``: W8A8 with int32 accumulation, the recipe of torchao's
+int8 dynamic-activation / int8-weight configuration and of SmoothQuant's W8A8 (without the
+smoothing):
 
-Where it runs: the quantised Linear modules have packed int8 weights, not tensors, so rlvr's fast
-decoder (which reads and fuses the weight matrices) refuses the model
-(``decoder.unsupported_reason``) and ``engine.generate`` / ``speculative_generate`` run it on
-the Hugging Face backend. Training and ``load_weights`` are not supported on it (no autograd
-through the int8 GEMM).
+- weights: int8, symmetric, one scale per output channel (``per_channel=False``: one scale for
+  the whole matrix), quantised once;
+- activations: int8, symmetric, one scale per token (row), quantised at each call;
+- ``int8_linear``: ``_int_mm`` (exact int8 x int8 -> int32 GEMM, VNNI on this CPU), then
+  ``acc * token_scale * channel_scale (+ bias)`` in float32.
 
-Why this API: it is the int8 path that ships inside this torch (2.13, no extra package). PyTorch
-marks ``torch.ao.quantization`` deprecated in favour of ``torchao`` (its ``quantize_`` API); the
-call still works here, and its DeprecationWarning is silenced for this call only. Accuracy cost:
-measured by ``benchmarks/fast_decode.py`` (held-out pass@1 with and without int8; docs/serve.md,
-"Fast mode").
+Per-token activation scales make a row's output independent of the other rows in the batch and
+of how many positions a forward runs (a prefill, a decode step, a speculative verify): the int8
+model decodes the same tokens alone or batched. PyTorch's dynamic quantisation
+(``torch.ao.quantization.quantize_dynamic``, deprecated in favour of torchao) quantises
+activations with one scale per input tensor: at the evaluation's batch of 256 rows one outlier
+row sets the scale for all, which cost the quickstart policy 3.5 points of held-out pass@1 where
+per-token scales cost none (docs/fast_mode.md).
+
+The LM head and the embeddings stay in full precision (the head, often tied to the embedding, is
+the layer most sensitive to rounding). It returns a copy; the original model is untouched.
+
+Where it runs: the Hugging Face forward calls the modules; rlvr's fast decoder reads their int8
+weights and fuses ``[q; k; v]`` and ``[gate; up]`` (``rollout/gemm.py``, ``Int8Matrix``) through
+the same ``int8_linear``, so both backends compute the same values. Training is not supported on
+it (no autograd through the int8 GEMM); the serving engines keep the full-precision model for
+weight updates and quantise it again. CPU only (``_int_mm`` on CUDA has shape constraints that
+are not handled here).
 """
 
 from __future__ import annotations
 
 import copy
-import warnings
 
 import torch
 from torch import nn
+
+
+def int8_linear(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ W.T (+ bias)`` for ``W = weight_t.T * scale[:, None]`` (``weight_t`` int8 [in, out],
+    ``scale`` float32 [out]), with ``x`` quantised to int8 per row (any leading dims)."""
+    x2 = x.reshape(-1, x.shape[-1]).float()
+    s = x2.abs().amax(-1, keepdim=True).clamp_(min=1e-12) / 127
+    acc = torch._int_mm((x2 / s).round_().to(torch.int8), weight_t)  # exact int32
+    y = acc.float().mul_(s).mul_(scale)
+    if bias is not None:
+        y.add_(bias)
+    return y.to(x.dtype).unflatten(0, x.shape[:-1])
+
+
+class Int8Linear(nn.Module):
+    """A Linear layer with int8 weights (symmetric, per output channel or per matrix) and
+    per-token int8 activations (``int8_linear``). Buffers: ``weight_t`` [in, out] int8, ``scale``
+    [out] float32, ``bias`` [out] float32 or None."""
+
+    def __init__(self, linear: nn.Linear, per_channel: bool = True):
+        super().__init__()
+        w = linear.weight.detach().float()
+        amax = w.abs().amax(1) if per_channel else w.abs().amax().expand(w.shape[0])
+        scale = (amax / 127).clamp(min=1e-12).contiguous()
+        self.in_features, self.out_features, self.per_channel = linear.in_features, linear.out_features, per_channel
+        self.register_buffer("weight_t", (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8).t().contiguous())
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return int8_linear(x, self.weight_t, self.scale, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, per_channel={self.per_channel}"
 
 
 def int8_layers(model: nn.Module) -> list[str]:
@@ -43,25 +82,18 @@ def int8_layers(model: nn.Module) -> list[str]:
 
 
 def quantize_int8(model: nn.Module, per_channel: bool = True) -> nn.Module:
-    """A copy of ``model`` (on CPU, in eval mode) with its decoder Linear layers in dynamic int8
-    (one weight scale per output channel, or per matrix with ``per_channel=False``)."""
+    """A copy of ``model`` (on CPU, float32, in eval mode) with its decoder Linear layers as
+    ``Int8Linear`` (one weight scale per output channel, or per matrix with ``per_channel=False``)."""
     if next(model.parameters()).device.type != "cpu":
-        raise ValueError("int8 dynamic quantisation runs on CPU; move the model to CPU first")
+        raise ValueError("int8 quantisation runs on CPU; move the model to CPU first")
     names = int8_layers(model)
     if not names:
         raise ValueError("the model has no Linear layers inside decoder layers to quantise")
     q = copy.deepcopy(model).float().eval()
-    from torch.ao.quantization import (
-        default_dynamic_qconfig,
-        per_channel_dynamic_qconfig,
-        quantize_dynamic,
-    )
-
-    qconfig = per_channel_dynamic_qconfig if per_channel else default_dynamic_qconfig
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.filterwarnings("ignore", message=".*quantize_per_(tensor|channel).*")
-        quantize_dynamic(q, {name: qconfig for name in names}, dtype=torch.qint8, inplace=True)
+    for name in names:
+        parent, _, child = name.rpartition(".")
+        owner = q.get_submodule(parent)
+        setattr(owner, child, Int8Linear(getattr(owner, child), per_channel))
     q.rlvr_quantized = "int8"
     return q
 
@@ -71,11 +103,9 @@ def is_quantized(model: nn.Module) -> bool:
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes of the model's weights: parameters plus the int8 packed weights and their biases
-    (the per-channel scales, 8 bytes per output row, not counted)."""
+    """Bytes of the model's weights: parameters plus the int8 layers' weights, scales and biases."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     for m in model.modules():
-        if hasattr(m, "_weight_bias"):  # a dynamic int8 Linear: packed weight and fp32 bias
-            w, b = m._weight_bias()
-            total += w.numel() * w.element_size() + (0 if b is None else b.numel() * b.element_size())
+        if isinstance(m, Int8Linear):
+            total += sum(t.numel() * t.element_size() for t in (m.weight_t, m.scale, m.bias) if t is not None)
     return total

@@ -11,7 +11,7 @@
 - ``FastLlama(model)`` reads the weights from the model's modules once per ``generate`` call
   (``rollout/gemm.py``: fused ``[q; k; v]`` and ``[gate; up]``, stored [in, out], oneDNN-packed
   on CPU where available, or, for a model from ``model/quantize.py``'s ``quantize_int8``, the
-  int8 layers' own packed weights, fused; norms and embeddings are the parameters themselves), so an optimizer
+  int8 layers' own weights, fused; norms and embeddings are the parameters themselves), so an optimizer
   step between calls is always seen, and holds the layer math: RMSNorm (and Qwen3's q/k norm), RoPE from the model's
   ``inv_freq`` (cos/sin tables built once per call), SwiGLU, the logits in float32.
 - ``FastLlama.start(...)`` returns a ``DecodeState`` (``rollout/kv_cache.py``): the KV cache, and
@@ -47,7 +47,7 @@ _LLAMA_LIKE = {"llama", "mistral", "qwen2", "phi3", "qwen3"}
 @dataclass
 class Layer:
     """One decoder layer's weights as ``FastLlama`` reads them (matrices in ``WeightFormat``, or
-    ``Int8Matrix`` with the bias packed in)."""
+    ``Int8Matrix`` with its bias inside)."""
 
     ln1: torch.Tensor
     ln2: torch.Tensor
@@ -270,7 +270,7 @@ def _read_layer(layer: torch.nn.Module, fmt: WeightFormat, heads: int, kv_heads:
     a, m = layer.self_attn, layer.mlp
     qkv = (a.qkv_proj,) if hasattr(a, "qkv_proj") else (a.q_proj, a.k_proj, a.v_proj)  # Phi-3 fuses them
     gu = (m.gate_up_proj,) if hasattr(m, "gate_up_proj") else (m.gate_proj, m.up_proj)  # [gate; up] either way
-    if is_int8_linear(a.o_proj):  # model/quantize.py's int8 layers: the int8 weights, biases packed in
+    if is_int8_linear(a.o_proj):  # model/quantize.py's int8 layers: their int8 weights, biases inside
         mats = dict(wqkv=int8_fused(*qkv), bqkv=None, wo=int8_fused(a.o_proj), bo=None,
                     wgu=int8_fused(*gu), bgu=None, wd=int8_fused(m.down_proj), bd=None)
     else:

@@ -8,12 +8,11 @@
   concatenated copies in the same format.
 - ``lin`` / ``lin_res``: ``x @ w (+ b)`` and ``x + h @ w (+ b)`` on either storage, with a GEMM in
   the weights' dtype when it differs from the activations' (``matmul_dtype``).
-- ``Int8Matrix``: the weights of dynamic int8 Linear layers (``model/quantize.py``) as ``lin``
-  multiplies with them: torch's packed int8 weights (fbgemm), fused ``[q; k; v]`` / ``[gate; up]``
-  by stacking the layers' int8 rows and per-row scales (``int8_fused``), so the fused GEMM uses
-  the very int8 weights of the separate layers; activations are quantised per call, one scale per
-  input tensor, exactly as the modules' own forward does it (``quantized.linear_dynamic`` with
-  ``reduce_range``).
+- ``Int8Matrix``: the weights of ``model/quantize.py``'s ``Int8Linear`` layers as ``lin``
+  multiplies with them: fused ``[q; k; v]`` / ``[gate; up]`` by putting the layers' int8 columns
+  and per-column scales side by side (``int8_fused``), through the modules' own ``int8_linear``
+  (per-token int8 activations, exact int32 accumulation), so the fused GEMM gives the separate
+  layers' outputs bit for bit.
 
 Why these formats (plain GEMM vs ``F.linear``, oneDNN vs MKL at decode shapes): docs/rollout.md,
 "Weights".
@@ -25,6 +24,8 @@ import functools
 
 import torch
 import torch.nn.functional as F
+
+from rlvr.model.quantize import Int8Linear, int8_linear
 
 PACK_ROWS = 64  # the batch size oneDNN's weight layout is chosen for (any batch size runs)
 SMALL_CPU_PARAMS = 64_000_000  # up to this many parameters, a CPU model's matrices are copied
@@ -82,46 +83,35 @@ class WeightFormat:
 
 
 def is_int8_linear(m) -> bool:
-    """Whether ``m`` is a dynamic int8 Linear (``torch.ao.nn.quantized.dynamic.Linear`` with
-    qint8 weights, what ``quantize_int8`` makes)."""
-    packed = getattr(m, "_packed_params", None)
-    return packed is not None and getattr(packed, "dtype", None) == torch.qint8
+    """Whether ``m`` is ``model/quantize.py``'s ``Int8Linear``."""
+    return isinstance(m, Int8Linear)
 
 
 class Int8Matrix:
-    """Packed int8 weights (one scale per output row) and their fp32 bias, for ``lin``."""
+    """int8 weights [in, out], their per-column scales and fp32 bias, for ``lin``
+    (``model/quantize.py``'s ``int8_linear``: per-token int8 activations)."""
 
-    __slots__ = ("packed", "out_features")
+    __slots__ = ("weight_t", "scale", "bias")
 
-    def __init__(self, packed, out_features: int):
-        self.packed, self.out_features = packed, out_features
+    def __init__(self, weight_t: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+        self.weight_t, self.scale, self.bias = weight_t, scale, bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic(x, self.packed, True)  # as the module's forward
+        return int8_linear(x, self.weight_t, self.scale, self.bias)
 
 
 def int8_fused(*linears) -> Int8Matrix:
-    """Dynamic int8 Linear modules with one input as one ``Int8Matrix`` whose output is their
-    outputs concatenated: the same int8 rows and scales (a layer quantised per tensor gives its
-    one scale to each of its rows), the biases concatenated."""
+    """``Int8Linear`` modules with one input as one ``Int8Matrix`` whose output is their outputs
+    concatenated: their int8 columns, scales and biases side by side (zeros for a layer without
+    a bias), so the fused GEMM gives each layer's output bit for bit."""
     if len(linears) == 1:
         m = linears[0]
-        return Int8Matrix(m._packed_params._packed_params, m.out_features)
-    reprs, scales, zeros, biases = [], [], [], []
-    for m in linears:
-        w, b = m._weight_bias()
-        rows = w.shape[0]
-        reprs.append(w.int_repr())
-        if w.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
-            scales.append(w.q_per_channel_scales().double())
-            zeros.append(w.q_per_channel_zero_points().long())
-        else:
-            scales.append(torch.full((rows,), w.q_scale(), dtype=torch.float64))
-            zeros.append(torch.full((rows,), w.q_zero_point(), dtype=torch.long))
-        biases.append(b if b is not None else torch.zeros(rows))
-    q = torch._make_per_channel_quantized_tensor(torch.cat(reprs), torch.cat(scales), torch.cat(zeros), 0)
-    bias = None if all(m._weight_bias()[1] is None for m in linears) else torch.cat(biases).float()
-    return Int8Matrix(torch.ops.quantized.linear_prepack(q, bias), q.shape[0])
+        return Int8Matrix(m.weight_t, m.scale, m.bias)
+    bias = None
+    if any(m.bias is not None for m in linears):
+        bias = torch.cat([m.bias if m.bias is not None else m.scale.new_zeros(m.out_features) for m in linears])
+    return Int8Matrix(torch.cat([m.weight_t for m in linears], dim=1).contiguous(),
+                      torch.cat([m.scale for m in linears]), bias)
 
 
 def fused_bias(*linears) -> torch.Tensor | None:
