@@ -37,7 +37,7 @@ def test_decoder_linears_are_int8_head_and_embeddings_are_not(model):
     names = int8_layers(model)
     assert len(names) == CFG.num_layers * 7  # q, k, v, o, gate, up, down
     mods = dict(q.named_modules())
-    assert all(type(mods[n]) is Int8Linear and mods[n].weight_t.dtype == torch.int8 for n in names)
+    assert all(type(mods[n]) is Int8Linear and mods[n].weight_int8.dtype == torch.int8 for n in names)
     assert isinstance(q.lm_head, nn.Linear) and q.lm_head.weight.dtype == torch.float32
     assert q.model.embed_tokens.weight.dtype == torch.float32
     assert is_quantized(q) and not is_quantized(model)
@@ -47,7 +47,7 @@ def test_decoder_linears_are_int8_head_and_embeddings_are_not(model):
     per_tensor = dict(quantize_int8(model, per_channel=False).named_modules())[names[0]]
     assert per_tensor.scale.unique().numel() == 1
     w = model.get_submodule(names[0]).weight
-    assert (mods[names[0]].weight_t.t().float() * mods[names[0]].scale[:, None] - w).abs().max() <= mods[names[0]].scale.max() / 2 + 1e-7
+    assert (mods[names[0]].weight_int8.float() * mods[names[0]].scale[:, None] - w).abs().max() <= mods[names[0]].scale.max() / 2 + 1e-7
 
 
 def test_int8_linear_is_the_plain_per_token_loop():
@@ -55,7 +55,7 @@ def test_int8_linear_is_the_plain_per_token_loop():
     x = torch.randn(2, 3, 16, generator=g) * torch.tensor([1.0, 50.0, 0.01])[None, :, None]
     x[0, 0] = 0  # an all-zero row
     layer = Int8Linear(nn.Linear(16, 8).float())
-    got = int8_linear(x, layer.weight_t, layer.scale, layer.bias)
+    got = int8_linear(x, layer.weight_int8, layer.scale, layer.bias)
     ref = torch.zeros(2, 3, 8)
     for i in range(2):
         for j in range(3):
@@ -63,7 +63,7 @@ def test_int8_linear_is_the_plain_per_token_loop():
             s = max(row.abs().max().item(), 1e-12) / 127
             xq = [round(v / s) for v in row.tolist()]
             for o in range(8):
-                acc = sum(a * int(layer.weight_t[k, o]) for k, a in enumerate(xq))
+                acc = sum(a * int(layer.weight_int8[o, k]) for k, a in enumerate(xq))
                 ref[i, j, o] = acc * s * layer.scale[o].item() + layer.bias[o].item()
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-6)
     assert torch.equal(got[0, 0], layer.bias)

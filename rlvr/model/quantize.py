@@ -38,13 +38,14 @@ import torch
 from torch import nn
 
 
-def int8_linear(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor,
+def int8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                 bias: torch.Tensor | None) -> torch.Tensor:
-    """``x @ W.T (+ bias)`` for ``W = weight_t.T * scale[:, None]`` (``weight_t`` int8 [in, out],
+    """``x @ W.T (+ bias)`` for ``W = weight * scale[:, None]`` (``weight`` int8 [out, in],
     ``scale`` float32 [out]), with ``x`` quantised to int8 per row (any leading dims)."""
     x2 = x.reshape(-1, x.shape[-1]).float()
     s = x2.abs().amax(-1, keepdim=True).clamp_(min=1e-12) / 127
-    acc = torch._int_mm((x2 / s).round_().to(torch.int8), weight_t)  # exact int32
+    # (B as the transposed view of [out, in]: 2-3x faster than a contiguous [in, out] at 1 row)
+    acc = torch._int_mm((x2 / s).round_().to(torch.int8), weight.t())  # exact int32
     y = acc.float().mul_(s).mul_(scale)
     if bias is not None:
         y.add_(bias)
@@ -53,7 +54,7 @@ def int8_linear(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor,
 
 class Int8Linear(nn.Module):
     """A Linear layer with int8 weights (symmetric, per output channel or per matrix) and
-    per-token int8 activations (``int8_linear``). Buffers: ``weight_t`` [in, out] int8, ``scale``
+    per-token int8 activations (``int8_linear``). Buffers: ``weight_int8`` [out, in], ``scale``
     [out] float32, ``bias`` [out] float32 or None."""
 
     def __init__(self, linear: nn.Linear, per_channel: bool = True):
@@ -62,12 +63,12 @@ class Int8Linear(nn.Module):
         amax = w.abs().amax(1) if per_channel else w.abs().amax().expand(w.shape[0])
         scale = (amax / 127).clamp(min=1e-12).contiguous()
         self.in_features, self.out_features, self.per_channel = linear.in_features, linear.out_features, per_channel
-        self.register_buffer("weight_t", (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8).t().contiguous())
+        self.register_buffer("weight_int8", (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8))
         self.register_buffer("scale", scale)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return int8_linear(x, self.weight_t, self.scale, self.bias)
+        return int8_linear(x, self.weight_int8, self.scale, self.bias)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, per_channel={self.per_channel}"
@@ -107,5 +108,5 @@ def weight_bytes(model: nn.Module) -> int:
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     for m in model.modules():
         if isinstance(m, Int8Linear):
-            total += sum(t.numel() * t.element_size() for t in (m.weight_t, m.scale, m.bias) if t is not None)
+            total += sum(t.numel() * t.element_size() for t in (m.weight_int8, m.scale, m.bias) if t is not None)
     return total

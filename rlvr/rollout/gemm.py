@@ -88,29 +88,29 @@ def is_int8_linear(m) -> bool:
 
 
 class Int8Matrix:
-    """int8 weights [in, out], their per-column scales and fp32 bias, for ``lin``
+    """int8 weights [out, in], their per-row scales and fp32 bias, for ``lin``
     (``model/quantize.py``'s ``int8_linear``: per-token int8 activations)."""
 
-    __slots__ = ("weight_t", "scale", "bias")
+    __slots__ = ("weight", "scale", "bias")
 
-    def __init__(self, weight_t: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
-        self.weight_t, self.scale, self.bias = weight_t, scale, bias
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+        self.weight, self.scale, self.bias = weight, scale, bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return int8_linear(x, self.weight_t, self.scale, self.bias)
+        return int8_linear(x, self.weight, self.scale, self.bias)
 
 
 def int8_fused(*linears) -> Int8Matrix:
     """``Int8Linear`` modules with one input as one ``Int8Matrix`` whose output is their outputs
-    concatenated: their int8 columns, scales and biases side by side (zeros for a layer without
+    concatenated: their int8 rows, scales and biases stacked (zeros for a layer without
     a bias), so the fused GEMM gives each layer's output bit for bit."""
     if len(linears) == 1:
         m = linears[0]
-        return Int8Matrix(m.weight_t, m.scale, m.bias)
+        return Int8Matrix(m.weight_int8, m.scale, m.bias)
     bias = None
     if any(m.bias is not None for m in linears):
         bias = torch.cat([m.bias if m.bias is not None else m.scale.new_zeros(m.out_features) for m in linears])
-    return Int8Matrix(torch.cat([m.weight_t for m in linears], dim=1).contiguous(),
+    return Int8Matrix(torch.cat([m.weight_int8 for m in linears]),
                       torch.cat([m.scale for m in linears]), bias)
 
 
