@@ -436,5 +436,8 @@ def test_fast_mode_serves_what_the_normal_mode_serves(servers, dirs):
             assert ids(fast, text) == ids(main, text)
         _, metrics = http(fast.url + "/metrics")
         assert _metric(metrics, "rlvr_serve_prefix_cache_hits_total") >= 1
+        assert _metric(metrics, "rlvr_serve_prefix_cache_tokens_reused_total") >= 16
+        proposed = _metric(metrics, "rlvr_serve_spec_proposed_total")
+        assert 0 < _metric(metrics, "rlvr_serve_spec_accepted_total") <= proposed
     finally:
         fast.stop()

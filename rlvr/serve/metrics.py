@@ -3,7 +3,8 @@
 Counted by the HTTP layer: requests by endpoint and status, prompt and completion tokens, request
 latency and time to first token. Read from the engine at each scrape (``ServingEngine.stats``):
 running rows (the batch size), waiting requests, decode steps, admitted requests, prefix-cache
-hits (0 on an engine without a prefix cache) and the weights version.
+hits and prompt tokens taken from the cache, speculative decoding's proposed and accepted draft
+tokens (each 0 on an engine without it) and the weights version.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 12
 _ENGINE_GAUGES = {"running": "requests in the running batch (batch size)", "waiting": "requests waiting for a row",
                   "version": "weights version"}
 _ENGINE_COUNTERS = {"steps": "decode steps", "admitted": "requests admitted to the batch",
-                    "generated_tokens": "tokens generated", "prefix_cache_hits": "prefix-cache hits"}
+                    "generated_tokens": "tokens generated", "prefix_cache_hits": "prefix-cache hits",
+                    "prefix_cache_tokens_reused": "prompt tokens taken from the prefix cache",
+                    "spec_proposed": "draft tokens proposed (speculative decoding)",
+                    "spec_accepted": "draft tokens accepted (speculative decoding)"}
 
 
 class _EngineCollector:
