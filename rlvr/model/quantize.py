@@ -43,10 +43,10 @@ def int8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     """``x @ W.T (+ bias)`` for ``W = weight * scale[:, None]`` (``weight`` int8 [out, in],
     ``scale`` float32 [out]), with ``x`` quantised to int8 per row (any leading dims)."""
     x2 = x.reshape(-1, x.shape[-1]).float()
-    s = torch.linalg.vector_norm(x2, float("inf"), dim=-1, keepdim=True).clamp_(min=1e-12).div_(127)
+    s = x2.abs().amax(-1, keepdim=True).clamp_(min=1e-12) / 127
     # (B as the transposed view of [out, in]: 2-3x faster than a contiguous [in, out] at 1 row)
-    acc = torch._int_mm(torch.div(x2, s).round_().to(torch.int8), weight.t())  # exact int32
-    y = torch.mul(acc, s).mul_(scale)  # (int32 x float32: float32)
+    acc = torch._int_mm((x2 / s).round_().to(torch.int8), weight.t())  # exact int32
+    y = acc.float().mul_(s).mul_(scale)
     if bias is not None:
         y.add_(bias)
     return y.to(x.dtype).unflatten(0, x.shape[:-1])
