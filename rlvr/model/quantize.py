@@ -16,8 +16,8 @@ of how many positions a forward runs (a prefill, a decode step, a speculative ve
 model decodes the same tokens alone or batched. PyTorch's dynamic quantisation
 (``torch.ao.quantization.quantize_dynamic``, deprecated in favour of torchao) quantises
 activations with one scale per input tensor: at the evaluation's batch of 256 rows one outlier
-row sets the scale for all, which cost the quickstart policy 3.5 points of held-out pass@1 where
-per-token scales cost none (docs/fast_mode.md).
+row sets the scale for all, which cost the quickstart policy 2.5 points of held-out pass@1 where
+per-token scales cost 0.25 (docs/fast_mode.md).
 
 The LM head and the embeddings stay in full precision (the head, often tied to the embedding, is
 the layer most sensitive to rounding). It returns a copy; the original model is untouched.
