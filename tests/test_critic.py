@@ -95,9 +95,12 @@ def test_save_load_round_trip_gives_same_values_and_same_next_update(critic, tmp
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     m1 = critic.update(ids, attn, lm, ret, before, g1, minibatch_size=2, microbatch_size=1)
     m2 = other.update(ids, attn, lm, ret, before, g2, minibatch_size=2, microbatch_size=1)
-    assert m1 == m2
+    # Equal up to float rounding, not bit for bit: on some CPUs the loaded copy's kernels round
+    # the last bits differently (its tensors sit at other addresses). A critic or optimizer state
+    # that was not restored moves the update by far more (the first AdamW step is lr-sized).
+    assert m1.keys() == m2.keys() and all(m1[k] == pytest.approx(m2[k], rel=1e-6, abs=1e-9) for k in m1)
     a, b = _state(critic), _state(other)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-6, atol=1e-8) for k in a)
     # a fresh critic (new optimizer, new head) would not have matched: the state matters
     fresh = Critic.load(tmp_path / "critic", cfg, device="cpu", total_steps=100)
     fresh.optimizer = torch.optim.AdamW(fresh.model.parameters(), lr=3e-3)
