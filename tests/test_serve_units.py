@@ -120,6 +120,8 @@ def test_queue_bound_cancel_and_context_limit(tokenizer):
     from rlvr.serve.types import QueueFull
 
     engine = Batcher(build("llama", tokenizer), tokenizer, max_batch=1, max_waiting=1, max_context=64)
+    step = engine._step
+    engine._step = lambda: (time.sleep(0.01), step())  # 60 steps outlast the submits and cancels below
     try:
         with pytest.raises(ValueError, match="max_tokens"):
             engine.submit(GenRequest(PROMPTS[0], 61))
