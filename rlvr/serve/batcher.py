@@ -52,7 +52,6 @@ import torch
 
 from rlvr.errors import UserError
 from rlvr.model.logprobs import sequence_logprobs
-from rlvr.model.quantize import quantize_int8
 from rlvr.rollout.decoder import FastLlama, unsupported_reason
 from rlvr.rollout.engine import model_stop_ids
 from rlvr.rollout.prefix_cache import PrefixCache
@@ -90,7 +89,7 @@ class Batcher(Intake):
         if quantize not in (None, "int8"):
             raise UserError(f"--quantize must be int8 (or absent), got {quantize!r}")
         self.model, self.tokenizer, self.quantize = model.eval(), tokenizer, quantize
-        self.served = quantize_int8(model) if quantize else self.model  # what the decoder runs
+        self.served = self._serving_copy()  # what the decoder runs
         self.cache = PrefixCache(prefix_cache_bytes, prefix_block) if prefix_cache_bytes > 0 else None
         self._open_intake(model, max_waiting, max_context)
         self.max_batch = 1 if batching == "none" else max_batch
@@ -180,13 +179,9 @@ class Batcher(Intake):
 
     def _swap(self, params: dict, done: Future) -> None:
         try:
-            own = dict(self.model.named_parameters())
-            for k, v in params.items():
-                own[k].copy_(v)
-            if self.quantize:
-                self.served = quantize_int8(self.model)
-                if self.backend == "hf":
-                    self.rows.model = self.served
+            self.served = self._copy_in(params)
+            if self.backend == "hf":
+                self.rows.model = self.served
             if self.cache is not None:  # its K/V came from the old weights
                 self.cache.clear()
                 if self.backend == "fast":

@@ -44,7 +44,6 @@ from concurrent.futures import Future
 import torch
 
 from rlvr.model.logprobs import sequence_logprobs
-from rlvr.model.quantize import quantize_int8
 from rlvr.rollout.decoder import unsupported_reason
 from rlvr.rollout.engine import SamplingParams, model_stop_ids
 from rlvr.rollout.prefix_cache import PrefixCache
@@ -85,8 +84,8 @@ class FastEngine(Intake):
         elif draft is not None and not isinstance(draft, NgramDraft):
             raise ValueError(f"draft must be a model, 'ngram' or None, got {draft!r}")
         self.model = model.eval()  # full precision: weight updates land here
-        self.target = quantize_int8(model) if quantize == "int8" else self.model
         self.draft, self.k, self.quantize, self.tokenizer = draft, spec_tokens, quantize, tokenizer
+        self.target = self._serving_copy()
         self._open_intake(model, max_waiting, max_context)
         self.max_batch, self.seed = max_batch, seed
         self.stop_ids = model_stop_ids(model)
@@ -165,12 +164,7 @@ class FastEngine(Intake):
 
     def _swap(self, params: dict, done: Future) -> None:
         try:
-            own = dict(self.model.named_parameters())
-            with torch.no_grad():
-                for k, v in params.items():
-                    own[k].copy_(v)
-            if self.quantize:
-                self.target = quantize_int8(self.model)
+            self.target = self._copy_in(params)
             for c in (self.cache, self.draft_cache):
                 if c is not None:
                     c.clear()

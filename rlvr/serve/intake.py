@@ -2,8 +2,9 @@
 
 Requests go into a bounded waiting queue (``QueueFull`` past ``max_waiting``, ``NotReady`` after
 ``close``, ``ValueError`` for one that cannot fit ``max_context``); a weight update is loaded and
-checked here, then queued for the engine thread, which applies it between decode steps and
-resolves its future with the new version. Both queues sit under one condition variable
+checked here, then queued for the engine thread, which applies it between decode steps
+(``_copy_in``: into the full-precision model, quantised again for an int8 engine) and resolves
+its future with the new version. Both queues sit under one condition variable
 (``_lock``), which the engine thread waits on.
 """
 
@@ -77,6 +78,24 @@ class Intake:
             self._updates.append(({k: v.detach().to(device) for k, v in new.items()}, done))
             self._lock.notify()
         return done.result()
+
+    def _serving_copy(self) -> torch.nn.Module:
+        """What the engine serves: ``self.model`` (full precision), or its int8 copy when
+        ``self.quantize`` is set (``model/quantize.py``)."""
+        if not self.quantize:
+            return self.model
+        from rlvr.model.quantize import quantize_int8
+
+        return quantize_int8(self.model)
+
+    def _copy_in(self, params: dict) -> torch.nn.Module:
+        """An update's weights into ``self.model`` (engine thread); returns ``_serving_copy()``
+        of the updated model (an int8 one quantised again)."""
+        own = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for k, v in params.items():
+                own[k].copy_(v)
+        return self._serving_copy()
 
     def close(self) -> None:
         with self._lock:
