@@ -106,7 +106,8 @@ def config(model_dir: Path, out: Path, steps: int, asynchronous: bool, seed: int
 
 def calibrate(model_dir: Path, tmp: Path, new_tokens: int) -> float:
     """Median seconds to generate one step's batch (what verification is then made to take)."""
-    from rlvr.train.grpo import rollout, setup
+    from rlvr.train.grpo import setup
+    from rlvr.train.sources import rollout
 
     run = setup(config(model_dir, tmp / "calibrate", 1, False, 0, new_tokens), resume=False)
     times = []

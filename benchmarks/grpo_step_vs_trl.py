@@ -32,7 +32,7 @@ machine's fast and slow states more than the process it runs in (see ``docs/benc
 Timing: TRL's own ``train()`` drives the loop; a callback after every ``--per-round`` TRL steps runs
 as many rlvr steps, so the two sides alternate in one process with the same threads. The first
 ``--warmup`` steps of each side are not counted. Phases:
-  generate   rlvr: ``grpo.rollout`` (chat template, sampling, decode);  TRL: ``_generate``
+  generate   rlvr: ``sources.rollout`` (chat template, sampling, decode);  TRL: ``_generate``
   score      the reward function over the 64 completions (TRL: ``_calculate_rewards``)
   forward    rlvr: ``micro_loss`` (log-probs + loss);  TRL: ``compute_loss`` (the same)
   backward   rlvr: ``loss.backward()``;  TRL: ``accelerator.backward``
@@ -143,6 +143,8 @@ class RlvrSide:
                  share_prompts: bool = True, precision: str = "model", compile: bool = False,
                  device: str = "cpu", samples: int = 8, max_new_tokens: int = 32) -> None:
         import rlvr.train.grpo as grpo
+        from rlvr.train import update
+        from rlvr.train import sources
         from rlvr.train.common import OptimConfig
 
         self.grpo, self.tasks = grpo, tasks
@@ -165,7 +167,7 @@ class RlvrSide:
         sync = torch.cuda.synchronize if on_cuda else (lambda: None)  # phase edges wait for the GPU
         self.sync = sync
         # Instrument update(): forward = micro_loss, optimizer = clip_and_step, backward = between them.
-        micro_loss, clip_and_step = grpo.micro_loss, grpo.clip_and_step
+        micro_loss, clip_and_step = update.micro_loss, update.clip_and_step
         side = self
 
         def timed_micro_loss(model, micro, *args, **kwargs):
@@ -192,7 +194,7 @@ class RlvrSide:
                 sync()
                 side.clock.add("optimizer", time.perf_counter() - t0)
 
-        grpo.micro_loss, grpo.clip_and_step = timed_micro_loss, timed_clip_and_step
+        update.micro_loss, update.clip_and_step = timed_micro_loss, timed_clip_and_step
 
     def step(self) -> tuple[float, dict, float]:
         from rlvr.types import Scored, Verdict
@@ -200,7 +202,7 @@ class RlvrSide:
         grpo, run, clock = self.grpo, self.run, self.clock
         clock.t, clock.flops = {}, 0.0
         t0 = time.perf_counter()
-        episodes = grpo.rollout(run, self.tasks, policy_version=run.step)
+        episodes = sources.rollout(run, self.tasks, policy_version=run.step)
         t1 = time.perf_counter()
         scored = []
         for ep in episodes:
@@ -209,7 +211,7 @@ class RlvrSide:
                                  Verdict(passed=r == 1.0, score=r, reason="ok"), r))
         t2 = time.perf_counter()
         prepared = grpo.prepare(run, grpo.select_samples(scored, self.cfg), self.cfg)
-        grpo.compute_advantages(prepared, self.cfg)
+        prepared, _ = grpo.compute_advantages(prepared, self.cfg)
         grpo.update(run, prepared, self.cfg)
         run.step += 1
         total = time.perf_counter() - t0

@@ -56,7 +56,8 @@ def child(variant: str, size: str, batch: int, length: int, policy: int, rounds:
 
     from rlvr.model.lora import LoraConfig, apply_lora
     from rlvr.train.common import OptimConfig, build_optimizer, clip_and_step
-    from rlvr.train.grpo import AlgoConfig, logprobs_of
+    from rlvr.train.grpo import AlgoConfig
+    from rlvr.train.update import logprobs_of
     from rlvr.train.memory import enable_activation_checkpointing
     from rlvr.types import Batch
 

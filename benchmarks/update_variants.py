@@ -74,7 +74,7 @@ def main() -> None:
     import rlvr.tasks  # noqa: F401
     from rlvr.model.checkpoint import save_model_dir
     from rlvr.tasks.base import generate_tasks
-    from rlvr.train import grpo, sequence_attention
+    from rlvr.train import grpo, sequence_attention, sources, update
     from rlvr.types import Scored, Verdict
 
     tmp = Path(tempfile.mkdtemp(prefix="update_variants_"))
@@ -84,11 +84,11 @@ def main() -> None:
     precision = "bf16" if a.bf16 else "model"
     side = RlvrSide(model_dir, str(tmp / "run"), tasks, 0, precision=precision)
     run, cfg = side.run, side.cfg
-    episodes = grpo.rollout(run, tasks, policy_version=0)
+    episodes = sources.rollout(run, tasks, policy_version=0)
     scored = [Scored(tasks[e.trajectory.group_id], e.trajectory, Verdict(passed=False, score=r, reason="ok"), r)
               for e in episodes for r in [digit_reward(e.trajectory.completion)]]
     prepared = grpo.prepare(run, grpo.select_samples(scored, cfg), cfg)
-    grpo.compute_advantages(prepared, cfg)
+    prepared, _ = grpo.compute_advantages(prepared, cfg)
     kept, batch = prepared.kept, prepared.batch
     model = run.model.train()
     totals = {"num_tokens": float(batch.loss_mask.sum()), "num_seqs": float(len(kept)), "max_tokens": 32}
@@ -102,7 +102,7 @@ def main() -> None:
             sequence_attention.supported = lambda model, longest: False
         try:
             t0 = time.perf_counter()
-            loss, _ = grpo.micro_loss(model, batch, algo, totals)
+            loss, _ = update.micro_loss(model, batch, algo, totals)
             loss.backward()
             seconds = time.perf_counter() - t0
         finally:

@@ -13,6 +13,7 @@ from rlvr.train.allocator import keep_freed_memory
 
 
 def _config_args(p: argparse.ArgumentParser, *, resume: bool = False) -> None:
+    """Add the recipe flags every training command takes: -c/--config, --set, --out (and --resume)."""
     p.add_argument("-c", "--config", help="YAML recipe (see configs/)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set optim.lr=1e-4 (repeatable)")
@@ -59,6 +60,7 @@ def _file_flags(g) -> None:
 
 
 def _file_entries(paths: list[str], args) -> list[dict]:
+    """One task-file config entry per path, carrying the file flags (--map, --verifier, --answer-at, ...)."""
     from rlvr.tasks.rows import parse_map
 
     entry: dict = {}
@@ -102,6 +104,7 @@ def _apply_task_args(data: dict, args, *, eval_section: str | None = None) -> di
 
 
 def _load(cls, args, *, eval_section: str | None = None):
+    """The typed config ``cls``: YAML recipe, then --set (+ --out, --backend, --ray-address), then task flags."""
     from rlvr.config import apply_overrides, from_dict, read_yaml
 
     overrides = list(args.overrides)
@@ -118,12 +121,14 @@ def _load(cls, args, *, eval_section: str | None = None):
 
 
 def cmd_quickstart(args) -> None:
+    """``rlvr quickstart``: run the whole recipe (pretrain -> SFT -> [pairs -> DPO] -> GRPO, evals, report)."""
     from rlvr.train.quickstart import QuickstartConfig, run_quickstart
 
     run_quickstart(_load(QuickstartConfig, args), resume=args.resume)
 
 
 def cmd_pretrain(args) -> None:
+    """``rlvr pretrain``: tokenizer + tiny model from the procedural corpus; prints the result and the model dir."""
     from rlvr.train.pretrain import PretrainConfig, run_pretrain
 
     cfg = _load(PretrainConfig, args)
@@ -132,6 +137,7 @@ def cmd_pretrain(args) -> None:
 
 
 def cmd_sft(args) -> None:
+    """``rlvr sft``: supervised fine-tuning; prints the result and the model dir."""
     from rlvr.train.sft import SFTConfig, run_sft
 
     cfg = _load(SFTConfig, args)
@@ -140,6 +146,8 @@ def cmd_sft(args) -> None:
 
 
 def cmd_train(args) -> None:
+    """``rlvr train``: GRPO in process, on Ray (--backend ray) or data parallel (--nproc N relaunches under
+    torchrun); rank 0 prints the result, the eval table if there was one, and the model dir."""
     from rlvr.train.distributed import launched
     from rlvr.train.grpo import GRPOConfig, run_grpo
 
@@ -183,12 +191,15 @@ def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
 
 
 def cmd_pairs(args) -> None:
+    """``rlvr pairs``: preference pairs from a model's verified samples (passed vs failed); prints the summary."""
     from rlvr.train.verified_pairs import PairsConfig, run_pairs
 
     print(json.dumps(run_pairs(_load(PairsConfig, args)), indent=2))
 
 
 def cmd_dpo(args) -> None:
+    """``rlvr dpo``: DPO-family training on pair files (--model, --ref-model, --pairs with --map and
+    --system-prompt over the recipe and --set); prints the result and the model dir."""
     from rlvr.config import apply_overrides, from_dict, read_yaml
     from rlvr.train.dpo import DPOConfig, run_dpo
 
@@ -210,6 +221,7 @@ def cmd_dpo(args) -> None:
 
 
 def _read_report(path: str, which: str) -> dict:
+    """Read an eval report (a JSON object); a UserError naming ``which`` report if it is not one."""
     try:
         report = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -220,6 +232,7 @@ def _read_report(path: str, which: str) -> dict:
 
 
 def _gate_args(p: argparse.ArgumentParser) -> None:
+    """Add the regression-gate flags: --gate, --tolerance, --metric, --allow-different-suite."""
     from rlvr.eval.gate import DEFAULT_TOLERANCE
 
     g = p.add_argument_group("regression gate (docs/evaluation.md)")
@@ -257,6 +270,7 @@ def _labels(baseline: str, now: str) -> tuple[str, str]:
 
 
 def _radar(reports: dict[str, dict], path: str | Path, metric: str) -> None:
+    """Draw the per-domain ``metric`` of the labelled reports as one radar PNG at ``path`` and print its path."""
     from rlvr.eval.plots import domain_scores, radar
 
     series = {label: domain_scores(r, metric) for label, r in reports.items()}
@@ -266,8 +280,11 @@ def _radar(reports: dict[str, dict], path: str | Path, metric: str) -> None:
 
 
 def cmd_eval(args) -> None:
+    """``rlvr eval``: evaluate a model on a suite (or task files), write the report to --out, print the table,
+    draw the radar; with --baseline (same task set unless allowed) print the change, and gate with --gate."""
     from rlvr.config import apply_overrides, from_dict, read_yaml, resolve_device
-    from rlvr.eval.evaluate import EvalConfig, evaluate
+    from rlvr.eval.evaluate import EvalConfig
+    from rlvr.eval.report import eval_report
     from rlvr.eval.suites import (
         SELECTION_KEYS,
         fingerprint,
@@ -301,12 +318,9 @@ def cmd_eval(args) -> None:
         from rlvr.sandbox.config import shared_sandbox
 
         shared_sandbox()
-    settings = {k: getattr(cfg, k) for k in ("samples", "temperature", "max_new_tokens", "k", "precision")}
-    report = {"model": str(model_dir), "suite": {**suite.record(modified), "domains": list(cfg.domains)},
-              "fingerprint": fp, "settings": settings, **evaluate(model, tokenizer, tasks, cfg)}
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    report = eval_report(model, tokenizer, tasks, cfg, seed=0, model_name=str(model_dir), settings=True, path=out,
+                         suite={**suite.record(modified), "domains": list(cfg.domains)})
     print_eval(report)
     print(f"wrote {out}")
     labels = _labels(args.baseline, str(out)) if baseline is not None else ("", out.stem)
@@ -318,6 +332,7 @@ def cmd_eval(args) -> None:
 
 
 def cmd_eval_suites(args) -> None:
+    """``rlvr eval suites``: describe the named suites or suite YAML files (default: every built-in suite)."""
     from rlvr.eval.suites import SUITES, describe, get_suite
 
     for spec in args.files or SUITES.names():
@@ -325,6 +340,7 @@ def cmd_eval_suites(args) -> None:
 
 
 def cmd_eval_compare(args) -> None:
+    """``rlvr eval compare A B``: per-domain change from baseline A to B (optional radar); --gate exits 1 on a drop."""
     baseline, now = _read_report(args.baseline, "baseline"), _read_report(args.current, "current")
     labels = _labels(args.baseline, args.current)
     if args.radar:
@@ -333,6 +349,8 @@ def cmd_eval_compare(args) -> None:
 
 
 def cmd_eval_contamination(args) -> None:
+    """``rlvr eval contamination``: training task files against eval tasks (files and/or a suite) by id, canonical
+    key or normalised prompt; prints the matches and exits 1 if any."""
     from collections import Counter
 
     from rlvr.config import from_dict
@@ -345,6 +363,7 @@ def cmd_eval_contamination(args) -> None:
         raise UserError("rlvr eval contamination needs --train FILE (the training task files)")
 
     def files(paths: list[str]) -> list[TaskFileConfig]:
+        """Task-file configs for ``paths`` with the file flags."""
         return [from_dict(TaskFileConfig, entry) for entry in _file_entries(paths, args)]
 
     train = file_tasks(files(args.train), check=False)
@@ -368,12 +387,15 @@ def cmd_eval_contamination(args) -> None:
 
 
 def cmd_tasks(args) -> None:
+    """``rlvr tasks ...``: handed to ``rlvr.tasks.commands.run``."""
     from rlvr.tasks import commands
 
     commands.run(args)
 
 
 def cmd_sandbox(args) -> None:
+    """``rlvr sandbox info | check | bench``: the backend and what the machine allows; the attack suite; the
+    throughput benchmark. Exits with check's or bench's status when it is not 0."""
     from rlvr.sandbox import detect
 
     if args.action == "info":
@@ -394,6 +416,7 @@ def cmd_sandbox(args) -> None:
 
 
 def cmd_report(args) -> None:
+    """``rlvr report RUN_DIR``: write the run's report.html (or --out) and print its path."""
     from rlvr.report import write_report
 
     if args.per_step < 0:
@@ -402,6 +425,7 @@ def cmd_report(args) -> None:
 
 
 def _report_parser(sub) -> None:
+    """Add the ``rlvr report`` subcommand."""
     p = sub.add_parser("report", help="one self-contained report.html of a run (curves, evals, alerts, trajectories)",
                        description="Write a self-contained HTML report of a GRPO run or quickstart directory, "
                                    "a crashed one too (docs/report.md).")
@@ -413,6 +437,7 @@ def _report_parser(sub) -> None:
 
 
 def _eval_parser(sub) -> None:
+    """Add ``rlvr eval`` (a model on a suite) and its subcommands suites, compare and contamination."""
     p = sub.add_parser("eval", help="held-out pass@1 / pass@k per domain, level and tag, as JSON, a table and a radar",
                        description="Evaluate a model on a suite (`rlvr eval suites` lists them), or: "
                                    "`rlvr eval compare A.json B.json [--gate]`, `rlvr eval contamination --train FILE`.")
@@ -449,6 +474,7 @@ def _eval_parser(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``rlvr`` argument parser with every subcommand; each sets ``fn``, the function that runs it."""
     parser = argparse.ArgumentParser(prog="rlvr", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, help_, resume in [
@@ -514,6 +540,8 @@ def _quiet_libraries() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``rlvr`` command (offline Hugging Face, freed memory kept); 0, 2 on a UserError (one line),
+    130 on Ctrl-C."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     keep_freed_memory()  # no page faults for each step's tensors (rlvr/train/allocator.py)

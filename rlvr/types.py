@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant" | "tool", "content": str}
 FinishReason = Literal["stop", "length", "error"]
@@ -195,7 +198,7 @@ class Scored:
         return _plain(dataclasses.asdict(self))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Batch:
     """Padded training tensors (right padding). B sequences, T tokens.
 
@@ -210,16 +213,16 @@ class Batch:
                                  pi_old and IS weights the loss takes from its own forward; or None
     """
 
-    input_ids: Any
-    attention_mask: Any
-    loss_mask: Any
-    old_logprobs: Any
-    advantages: Any
-    ref_logprobs: Any = None
-    is_weights: Any = None
-    stale: Any = None
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None
+    stale: torch.Tensor | None = None
 
-    def to(self, device: Any) -> "Batch":
+    def to(self, device: torch.device | str) -> Batch:
         return Batch(
             **{
                 f.name: (getattr(self, f.name).to(device) if getattr(self, f.name) is not None else None)

@@ -1,6 +1,6 @@
 """A test helper that wraps a run's rollout and replaces samples with scripted reward hacks.
 
-``HackPolicy(classes).wrap(rollout)`` is a drop-in for ``rlvr.train.grpo.rollout``: each step it
+``HackPolicy(classes).wrap(rollout)`` is a drop-in for ``rlvr.train.sources.rollout``: each step it
 replaces one sample per hack class (on a task of the class's kind, a different group each time
 where it can) with the class's scripted completion. The replacement is a real trajectory: the
 prompt's tokens, the hack's tokens and the model's own log-probs of them, so the update trains on

@@ -138,7 +138,8 @@ def reference_logprobs(model, ids, mask) -> torch.Tensor:
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_engine_logprobs_match_training_and_transformers_forward(family, tokenizer):
     from rlvr.rollout import decoder
-    from rlvr.train.grpo import AlgoConfig, logprobs_of
+    from rlvr.train.grpo import AlgoConfig
+    from rlvr.train.update import logprobs_of
 
     model = build(family, tokenizer)
     longest = max(PROMPT_LENGTHS) + NEW_TOKENS

@@ -170,7 +170,8 @@ def test_is_weights_apply_to_stale_samples_and_are_one_on_policy(tiny_model_dir)
     from rlvr.algos.penalties import truncated_is_weights
     from rlvr.model.logprobs import sequence_logprobs
     from rlvr.train.batching import collate
-    from rlvr.train.grpo import GRPOConfig, micro_loss, off_policy_correction
+    from rlvr.train.grpo import GRPOConfig
+    from rlvr.train.update import micro_loss, off_policy_correction
 
     trainer = _model(tiny_model_dir)
     old = copy.deepcopy(trainer)
@@ -193,7 +194,7 @@ def test_is_weights_apply_to_stale_samples_and_are_one_on_policy(tiny_model_dir)
     cfg = GRPOConfig()
     cfg.asynchronous.is_cap = 1.5
     cfg.algo.ppo_epochs = 2  # several optimizer steps per batch: pi_old needs its own forward up front
-    out = off_policy_correction(SimpleNamespace(model=trainer, step=5), batch, kept, cfg)
+    batch, out = off_policy_correction(SimpleNamespace(model=trainer, step=5), batch, kept, cfg)
 
     assert out["async/stale_frac"] == pytest.approx(2 / 3)
     expected = truncated_is_weights(new_lp, behaviour_lp, 1.5)
@@ -219,7 +220,8 @@ def test_is_weights_apply_to_stale_samples_and_are_one_on_policy(tiny_model_dir)
     # same weights, same loss, same gradient
     fused = collate(trajs, [1.0, -1.0, 0.5], pad_token_id=0)
     cfg.algo.ppo_epochs = 1
-    assert off_policy_correction(SimpleNamespace(model=None, step=5), fused, kept, cfg)["async/stale_frac"] > 0
+    fused, out = off_policy_correction(SimpleNamespace(model=None, step=5), fused, kept, cfg)
+    assert out["async/stale_frac"] > 0
     assert fused.is_weights is None and fused.stale.tolist() == [True, False, True]
     fused_loss, metrics = micro_loss(trainer, fused, cfg.algo, totals, is_cap=1.5)
     assert torch.allclose(fused_loss, loss, atol=1e-6)
@@ -232,7 +234,7 @@ def test_is_weights_apply_to_stale_samples_and_are_one_on_policy(tiny_model_dir)
 
     # all on-policy: no extra forward, no weights
     batch = collate(trajs[2:], [0.5], pad_token_id=0)
-    out = off_policy_correction(SimpleNamespace(model=None, step=3), batch, kept[2:], cfg)
+    batch, out = off_policy_correction(SimpleNamespace(model=None, step=3), batch, kept[2:], cfg)
     assert out == {"async/stale_frac": 0.0} and batch.is_weights is None
 
 
@@ -256,11 +258,13 @@ def test_logprob_mismatch_kl_function():
 def test_mismatch_metric_near_zero_in_sync_mode_and_positive_when_perturbed(tiny_model_dir, tmp_path, monkeypatch):
     import rlvr.train.grpo as grpo
 
+    from rlvr.train import sources
+    from rlvr.train import policy
     grpo.run_grpo(_cfg(tiny_model_dir, tmp_path / "clean", steps=2), progress=False)
     clean = [m["rollout/logprob_mismatch_kl"] for m in read_metrics(tmp_path / "clean")]
     assert len(clean) == 2 and max(clean) < 1e-6, clean
 
-    real_rollout = grpo.rollout
+    real_rollout = sources.rollout
 
     def perturbed(run, tasks, policy_version):  # an engine whose logprobs are off by 0.3 nats
         episodes = real_rollout(run, tasks, policy_version)
@@ -270,7 +274,7 @@ def test_mismatch_metric_near_zero_in_sync_mode_and_positive_when_perturbed(tiny
                 t, logprobs=tuple(lp - 0.3 * m for lp, m in zip(t.logprobs, t.loss_mask)))
         return episodes
 
-    monkeypatch.setattr(grpo, "rollout", perturbed)
+    monkeypatch.setattr(sources, "rollout", perturbed)
     grpo.run_grpo(_cfg(tiny_model_dir, tmp_path / "off", steps=1), progress=False)
     off = read_metrics(tmp_path / "off")[0]["rollout/logprob_mismatch_kl"]
     assert off == pytest.approx(float(torch.tensor(0.3).exp() - 0.3 - 1), rel=1e-3)
@@ -363,7 +367,7 @@ def test_async_grpo_on_multi_turn_episodes(tiny_model_dir, tmp_path, monkeypatch
     bias = torch.zeros(model.lm_head.out_features)
     bias[tok.eos_token_id] = 3.0  # as in test_grpo_multiturn: a random model rarely ends a turn
     model.lm_head.bias = torch.nn.Parameter(bias, requires_grad=False)
-    monkeypatch.setattr(grpo, "load_model_and_tokenizer", lambda path, **kw: (model, tok))
+    monkeypatch.setattr("rlvr.train.policy.load_model_and_tokenizer", lambda path, **kw: (model, tok))
     overrides = [
         f"model={tiny_model_dir}", f"out={tmp_path / 'run'}", "domains=[test.twoturn]", "levels=[1]",
         "train_tasks=16", "rollout.tasks_per_step=4", "rollout.samples_per_task=8", "env.turn_tokens=8",

@@ -12,7 +12,8 @@ from rlvr.train.compiled import compiled_layers, decoder_layers
 
 
 def _grpo_loss_and_grads(model, batch, compile: bool, share: bool):
-    from rlvr.train.grpo import AlgoConfig, micro_loss
+    from rlvr.train.grpo import AlgoConfig
+    from rlvr.train.update import micro_loss
 
     totals = {"num_tokens": float(batch.loss_mask.sum()), "num_seqs": float(batch.input_ids.shape[0]), "max_tokens": 12}
     model.zero_grad(set_to_none=True)

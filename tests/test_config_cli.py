@@ -66,8 +66,8 @@ def test_resolved_config_roundtrips(tmp_path):
 
 
 def test_registry_choice_validated():
-    with pytest.raises(ConfigError, match="algo.advantage.*choose one of: \\['dr_grpo', 'grpo', 'reinforce_pp', "
-                                          "'reinforce_pp_baseline', 'rloo', 'gae'\\]"):
+    with pytest.raises(ConfigError, match="algo.advantage.*choose one of: \\['dr_grpo', 'gae', 'grpo', "
+                                          "'reinforce_pp', 'reinforce_pp_baseline', 'rloo'\\]"):
         load_config(GRPOConfig, None, ["algo.advantage=ppo"])
 
 

@@ -41,7 +41,7 @@ function that raises ``AssertionError`` naming what is wrong:
   token equal to the trainer's forward, a stop token last exactly when it stopped, the same draws
   for the same generator seed; it serves the version it was built at, then each pushed one;
   ``close`` is idempotent; docs/rollout.md describes it.
-- ``check_serving_engine``: a serving engine (``rlvr serve``'s ``ENGINES``) is built from a
+- ``check_serving_engine``: a serving engine (``rlvr serve``'s ``SERVING_ENGINES``) is built from a
   ``ServeConfig`` of the tiny model and meets ``ServingEngine``: a greedy request gives the rollout
   engine's greedy tokens with the trainer's log-probs, concurrent requests the same as alone, a
   seeded sampled request the same tokens twice, the prompt's log-probs the trainer's; ``stats``
@@ -78,7 +78,9 @@ import rlvr.algos  # noqa: F401  (registration)
 import rlvr.envs  # noqa: F401
 import rlvr.tasks  # noqa: F401
 import rlvr.verifiers  # noqa: F401
-from rlvr.algos.advantages import ADVANTAGES, BATCH_NORMALISED, WITHOUT_GROUP_BASELINE
+from rlvr.algos.advantages import ADVANTAGES, BATCH_NORMALISED, NEEDS_VALUES, WITHOUT_GROUP_BASELINE
+from rlvr.train.compat import COMPONENTS as COMPAT_COMPONENTS
+from rlvr.train.components import STEP_COMPONENTS
 from rlvr.algos.kl import KL_ESTIMATORS
 from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES
 from rlvr.algos.preference import PREFERENCE_LOSSES
@@ -95,8 +97,8 @@ from rlvr.errors import UserError
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.model.logprobs import sequence_logprobs
 from rlvr.rollout.engine import SamplingParams, generate
-from rlvr.rollout.engines import ENGINES, EngineSetup
-from rlvr.serve.config import ENGINES as SERVING_ENGINES
+from rlvr.rollout.engine_registry import ROLLOUT_ENGINES, EngineSetup
+from rlvr.serve.config import SERVING_ENGINES
 from rlvr.serve.config import ServeConfig
 from rlvr.serve.types import GenRequest, ServingEngine
 from rlvr.train.code_tools import code_tools
@@ -857,7 +859,7 @@ def check_preference_loss(name: str) -> None:
 
 
 CHECKED = [DOMAINS, VERIFIERS, ENVS, ADVANTAGES, POLICY_LOSSES, AGGREGATIONS, KL_ESTIMATORS, PREFERENCE_LOSSES, SUITES,
-           DETECTORS, HACKS, TRACKERS, ENGINES, SERVING_ENGINES]
+           DETECTORS, HACKS, TRACKERS, ROLLOUT_ENGINES, SERVING_ENGINES, STEP_COMPONENTS]
 
 
 def rlvr_registries() -> dict[int, tuple[str, Registry]]:
@@ -1017,7 +1019,7 @@ def check_engine(name: str, model_dir: str, run_dir: Path) -> None:
     assert f"`rollout.engine: {name}`" in docs or f"`{name}`" in docs, f"docs/rollout.md does not describe engine {name}"
     model, tok = load_model_and_tokenizer(model_dir)
     try:
-        engine = ENGINES.get(name)(EngineSetup(model, tok, RolloutConfig(batch_size=8), run_dir, model_dir, 2, 0))
+        engine = ROLLOUT_ENGINES.get(name)(EngineSetup(model, tok, RolloutConfig(batch_size=8), run_dir, model_dir, 2, 0))
     except UserError as e:
         assert str(e).startswith(f"rollout.engine: {name} "), f"engine {name} refused without naming itself: {e}"
         return
@@ -1043,7 +1045,7 @@ def check_engine(name: str, model_dir: str, run_dir: Path) -> None:
     engine.close()
 
 
-@pytest.mark.parametrize("name", ENGINES.names())
+@pytest.mark.parametrize("name", ROLLOUT_ENGINES.names())
 def test_rollout_engine_conforms(name, tiny_model_dir, tmp_path):
     from importlib.util import find_spec
 
@@ -1164,9 +1166,37 @@ def test_environment_bounds_its_observations(name, request):
     check_env_observations(name, _sandbox_if(needs_sandbox(domains_where(lambda t: t.env == name)), request))
 
 
-@pytest.mark.parametrize("name", ADVANTAGES.names())
+@pytest.mark.parametrize("name", [n for n in ADVANTAGES.names() if n not in NEEDS_VALUES])
 def test_advantage_estimator_conforms(name):
     check_advantage(name)
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS_VALUES))
+def test_value_estimator_conforms(name):
+    """An estimator over a critic's values: token advantages [B, T], 0 off the policy tokens
+    whatever the values hold there, finite, and different for different rewards."""
+    mask = torch.tensor([[0, 1, 1, 0], [0, 1, 0, 1]], dtype=torch.float32)
+    values = torch.where(mask > 0, torch.tensor([[0.0, 0.2, 0.4, 0.0], [0.0, 0.1, 0.0, 0.3]]), torch.nan)
+    fn = ADVANTAGES.get(name)
+    adv = fn(torch.tensor([1.0, 0.0]), None, values=values, mask=mask, gamma=1.0, lam=0.95, whiten_advantages=False)
+    assert adv.shape == mask.shape and torch.isfinite(adv).all() and bool((adv[mask == 0] == 0).all())
+    other = fn(torch.tensor([0.0, 1.0]), None, values=values, mask=mask, gamma=1.0, lam=0.95, whiten_advantages=False)
+    assert not torch.equal(adv, other)
+
+
+@pytest.mark.parametrize("name", STEP_COMPONENTS.names())
+def test_step_component_conforms(name, tiny_model_dir):
+    """A step component is a row of the compatibility table, and is built only when its config
+    key turns it on (the default config builds none)."""
+    from rlvr.config import load_config
+    from rlvr.train.components import Setup
+    from rlvr.train.grpo_config import GRPOConfig
+    from rlvr.train.policy import Policy
+
+    assert name in {c.name for c in COMPAT_COMPONENTS}
+    cfg = load_config(GRPOConfig, None, [f"model={tiny_model_dir}"])
+    policy = Policy(torch.nn.Linear(1, 1), None, cfg.lora)
+    assert STEP_COMPONENTS.get(name)(Setup(cfg, policy, torch.device("cpu"), None, 1)) is None
 
 
 @pytest.mark.parametrize("name", POLICY_LOSSES.names())

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rlvr.errors import ConfigError, UserError
+from rlvr.train import phases
 from rlvr.train.critic import Critic, CriticConfig, critic_advantages, load_value_model
 
 
@@ -198,6 +199,9 @@ from tests.test_grpo import _cfg, digits, killed_and_straight_metrics  # noqa: E
 
 def test_ppo_with_critic_changes_policy_and_critic_and_raises_reward(tiny_model_dir, tmp_path, monkeypatch):
     import rlvr.train.grpo as grpo
+    from rlvr.train import policy
+    from rlvr.train import phases
+    from rlvr.train import components
     from rlvr.model.load import load_model
     from rlvr.monitor.metrics import read_metrics
 
@@ -210,7 +214,7 @@ def test_ppo_with_critic_changes_policy_and_critic_and_raises_reward(tiny_model_
         start.update(_state(critic))
         return critic
 
-    monkeypatch.setattr(grpo.Critic, "build", build_and_remember)
+    monkeypatch.setattr(components.Critic, "build", build_and_remember)
     cfg = _cfg(tiny_model_dir, tmp_path / "run", steps=12, **{"algo.advantage": "gae", "critic.lr": "1e-3",
                                                                  "checkpoint_every": 12})
     grpo.run_grpo(cfg, progress=False)
@@ -260,10 +264,11 @@ def test_kl_in_reward_with_the_critic_is_per_token(tiny_model_dir, monkeypatch):
     old, ref = torch.randn(2, 5, generator=g), torch.randn(2, 5, generator=g)
     batch = Batch(input_ids=torch.zeros(2, 5, dtype=torch.long), attention_mask=torch.ones(2, 5, dtype=torch.long),
                   loss_mask=mask, old_logprobs=old, advantages=torch.zeros(2))
-    p = grpo.Prepared(kept=[object(), object()], batch=batch, budget=5, ref_logprobs=ref,
+    p = phases.Prepared(kept=[object(), object()], batch=batch, budget=5, ref_logprobs=ref,
                       values=torch.randn(2, 5, generator=g))
     rewards = torch.tensor([1.0, 0.0])
-    metrics = grpo.gae_advantages(p, rewards, cfg)
+    p, metrics = phases.value_advantages(p, rewards, cfg)
+    batch = p.batch
     kl = masked_kl(old, ref, mask, "k1")
     adv, ret = gae(outcome_token_rewards(rewards, mask, kl, 0.1), p.values, mask, gamma=1.0, lam=0.95)
     torch.testing.assert_close(p.returns, ret)
@@ -271,11 +276,10 @@ def test_kl_in_reward_with_the_critic_is_per_token(tiny_model_dir, monkeypatch):
     assert abs(metrics["rollout/kl_penalty_mean"] - float(0.1 * kl.sum(-1).mean())) < 1e-6
 
 
-@pytest.mark.parametrize("key,value", [("asynchronous.enabled", "true"), ("backend", "ray"), ("lora.enabled", "true"),
-                                       ("algo.dynamic_sampling_rounds", 2)])
-def test_combinations_the_critic_does_not_run_with_are_refused(tiny_model_dir, key, value):
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.") + ".*gae"):
-        _cfg(tiny_model_dir, "unused", **{"algo.advantage": "gae", key: value})
+def test_a_refill_with_the_critic_is_refused(tiny_model_dir):
+    """Dynamic sampling refills the zero-variance groups a critic trains on (``rlvr.train.compat``)."""
+    with pytest.raises(ConfigError, match=r"algo\.dynamic_sampling_rounds.*gae"):
+        _cfg(tiny_model_dir, "unused", **{"algo.advantage": "gae", "algo.dynamic_sampling_rounds": 2})
 
 
 def test_ppo_with_critic_on_two_turn_episodes_raises_reward(tiny_model_dir, tmp_path, monkeypatch):
@@ -292,7 +296,7 @@ def test_ppo_with_critic_on_two_turn_episodes_raises_reward(tiny_model_dir, tmp_
     bias = torch.zeros(model.lm_head.out_features)  # as test_grpo_multiturn: a random model rarely ends a turn
     bias[tok.eos_token_id] = 3.0
     model.lm_head.bias = torch.nn.Parameter(bias, requires_grad=False)
-    monkeypatch.setattr(grpo, "load_model_and_tokenizer", lambda path, **kw: (model, tok))
+    monkeypatch.setattr("rlvr.train.policy.load_model_and_tokenizer", lambda path, **kw: (model, tok))
     overrides = [
         f"model={tiny_model_dir}", f"out={tmp_path / 'run'}", "domains=[test.twoturn]", "levels=[1]",
         "train_tasks=16", "rollout.tasks_per_step=4", "rollout.samples_per_task=8", "env.turn_tokens=8",

@@ -298,7 +298,8 @@ def _grpo_cfg(model_dir, out, **extra):
 def test_killed_grpo_run_with_the_curriculum_resumes_the_same_task_sequence(tiny_model_dir, tmp_path, monkeypatch):
     import rlvr.train.grpo as grpo
 
-    real_rollout = grpo.rollout
+    from rlvr.train import sources
+    real_rollout = sources.rollout
     drawn: dict[str, list[tuple[int, list[str]]]] = {"straight": [], "crashed": []}
 
     def recording(name, die_at=None):
@@ -310,15 +311,15 @@ def test_killed_grpo_run_with_the_curriculum_resumes_the_same_task_sequence(tiny
         return rollout
 
     with levelled_digits():
-        monkeypatch.setattr(grpo, "rollout", recording("straight"))
+        monkeypatch.setattr(sources, "rollout", recording("straight"))
         grpo.run_grpo(_grpo_cfg(tiny_model_dir, tmp_path / "straight", steps=6), progress=False)
         crashed = _grpo_cfg(tiny_model_dir, tmp_path / "crashed", steps=6)
-        monkeypatch.setattr(grpo, "rollout", recording("crashed", die_at=5))
+        monkeypatch.setattr(sources, "rollout", recording("crashed", die_at=5))
         with pytest.raises(KeyboardInterrupt):
             grpo.run_grpo(crashed, progress=False)
         assert [r["step"] for r in read_metrics(tmp_path / "crashed")] == [1, 2, 3, 4, 5]
         drawn["crashed"] = [d for d in drawn["crashed"] if d[0] < 4]  # steps after the step-4 checkpoint rerun
-        monkeypatch.setattr(grpo, "rollout", recording("crashed"))
+        monkeypatch.setattr(sources, "rollout", recording("crashed"))
         grpo.run_grpo(crashed, resume=True, progress=False)
 
     assert drawn["crashed"] == drawn["straight"]
@@ -338,9 +339,9 @@ def test_killed_grpo_run_with_the_curriculum_resumes_the_same_task_sequence(tiny
     assert sum(t["samples"] for t in report["tasks"]) == sum(len(ids) * 4 for _, ids in drawn["straight"])
 
 
-def test_curriculum_with_asynchronous_mode_is_refused(tiny_model_dir, tmp_path):
-    with pytest.raises(ConfigError, match="'curriculum.enabled' and 'asynchronous.enabled'"):
-        _grpo_cfg(tiny_model_dir, tmp_path, **{"asynchronous.enabled": "true"})
+def test_curriculum_with_asynchronous_mode_is_accepted(tiny_model_dir, tmp_path):
+    cfg = _grpo_cfg(tiny_model_dir, tmp_path, **{"asynchronous.enabled": "true"})  # rlvr.train.compat: supported
+    assert cfg.curriculum.enabled and cfg.asynchronous.enabled
 
 
 def test_periodic_evals_can_sweep_a_named_suite(tiny_model_dir, tmp_path):

@@ -41,8 +41,7 @@ def test_distill_config_is_checked_by_key(tiny_model_dir, tmp_path):
             "algo.kl_in_reward"),
            ({"distill.teacher": "t", "distill.mode": "alone", "algo.dynamic_sampling_rounds": 2},
             "algo.dynamic_sampling_rounds"),
-           ({"distill.teacher": "t", "asynchronous.enabled": "true"}, "distill.teacher"),
-           ({"distill.teacher": "t", "backend": "ray"}, "distill.teacher")]
+           ({"distill.teacher": "t", "algo.advantage": "gae"}, "distill.teacher")]
     for extra, key in bad:
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             _cfg(tiny_model_dir, tmp_path / "x", **extra)

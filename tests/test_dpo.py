@@ -70,9 +70,11 @@ def test_reference_logps_are_computed_once_and_match_the_policy_at_step_0(tiny_m
         c, r, _, _ = dpo.response_logps(model, rows, tok.pad_token_id)
     assert torch.allclose(saved[:, 0], c, atol=1e-4) and torch.allclose(saved[:, 1], r, atol=1e-4)
     # a second run over the same pairs and reference reads the file instead of loading the reference
+    import rlvr.train.policy as policy_module
+
     loads = []
-    real = dpo.load_model_and_tokenizer
-    monkeypatch.setattr(dpo, "load_model_and_tokenizer", lambda *a, **k: loads.append(a) or real(*a, **k))
+    real = policy_module.load_model_and_tokenizer  # the policy's and a reference's loads go through Policy
+    monkeypatch.setattr(policy_module, "load_model_and_tokenizer", lambda *a, **k: loads.append(a) or real(*a, **k))
     dpo.run_dpo(cfg, progress=False)
     assert len(loads) == 1  # the policy only
 

@@ -97,7 +97,8 @@ def test_bf16_training_forward_is_close_to_fp32(tiny_model_dir):
     import torch
     from rlvr.model.load import load_model
     from rlvr.train.batching import collate
-    from rlvr.train.grpo import AlgoConfig, logprobs_of
+    from rlvr.train.grpo import AlgoConfig
+    from rlvr.train.update import logprobs_of
     from rlvr.types import Trajectory
 
     model = load_model(tiny_model_dir)
@@ -154,22 +155,23 @@ def killed_and_straight_metrics(model_dir, tmp_path, monkeypatch, extra: dict) -
     logged, the newest checkpoint step 2) and resumed."""
     import rlvr.train.grpo as grpo
 
+    from rlvr.train import sources
     straight = _cfg(model_dir, tmp_path / "straight", steps=5, **extra)
     grpo.run_grpo(straight, progress=False)
 
     crashed = _cfg(model_dir, tmp_path / "crashed", steps=5, **extra)
-    real_rollout = grpo.rollout
+    real_rollout = sources.rollout
 
     def rollout_then_die(run, tasks, policy_version):
         if policy_version == 3:  # step 4 starts: step 3 is logged, the newest checkpoint is step 2
             raise KeyboardInterrupt
         return real_rollout(run, tasks, policy_version)
 
-    monkeypatch.setattr(grpo, "rollout", rollout_then_die)
+    monkeypatch.setattr(sources, "rollout", rollout_then_die)
     with pytest.raises(KeyboardInterrupt):
         grpo.run_grpo(crashed, progress=False)
     assert [r["step"] for r in read_metrics(tmp_path / "crashed")] == [1, 2, 3]
-    monkeypatch.setattr(grpo, "rollout", real_rollout)
+    monkeypatch.setattr(sources, "rollout", real_rollout)
     grpo.run_grpo(crashed, resume=True, progress=False)
 
     def strip(rows):

@@ -71,6 +71,7 @@ def twoturn():
 
 def test_grpo_on_two_turn_episodes_changes_parameters_and_raises_reward(tiny_model_dir, tmp_path, monkeypatch):
     import rlvr.train.grpo as grpo
+    from rlvr.train import policy
     from rlvr.model.load import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer(tiny_model_dir)
@@ -79,7 +80,7 @@ def test_grpo_on_two_turn_episodes_changes_parameters_and_raises_reward(tiny_mod
     bias[tok.eos_token_id] = 3.0
     model.lm_head.bias = torch.nn.Parameter(bias, requires_grad=False)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    monkeypatch.setattr(grpo, "load_model_and_tokenizer", lambda path, **kw: (model, tok))
+    monkeypatch.setattr("rlvr.train.policy.load_model_and_tokenizer", lambda path, **kw: (model, tok))
     overrides = [
         f"model={tiny_model_dir}", f"out={tmp_path / 'run'}", "domains=[test.twoturn]", "levels=[1]",
         "train_tasks=16", "rollout.tasks_per_step=4", "rollout.samples_per_task=8", "env.turn_tokens=8",

@@ -20,11 +20,12 @@ def _step_inputs(model_dir, out, **extra):
     """A fresh run and one verified batch of its first step (the synchronous phases, by hand)."""
     import rlvr.train.grpo as grpo
 
+    from rlvr.train import sources
     torch.set_num_threads(1)
     cfg = _cfg(model_dir, out, steps=1, **extra)
     run = grpo.setup(cfg, resume=False)
     tasks = run.pool.next(cfg.rollout.tasks_per_step, step=0)
-    return cfg, run, grpo.verify_and_reward(tasks, grpo.rollout(run, tasks, 0), cfg)
+    return cfg, run, sources.verify_and_reward(tasks, sources.rollout(run, tasks, 0), cfg)
 
 
 # --------------------------------------------------------------------------- KL in the reward
@@ -39,11 +40,11 @@ def test_kl_in_reward_subtracts_the_sequence_kl_before_the_estimator_and_leaves_
         "algo.kl_coef": beta, "algo.kl_in_reward": "true", "algo.kl_estimator": "k1"})
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():  # a reference away from the policy, so the penalty is not ~0
-        for p in run.ref_model.parameters():
+        for p in run.components["kl_reference"].model.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=gen))
     kept = grpo.select_samples(scored, cfg)
     prepared = grpo.prepare(run, kept, cfg)
-    metrics = grpo.compute_advantages(prepared, cfg)
+    prepared, metrics = grpo.compute_advantages(prepared, cfg)
     b = prepared.batch
     assert b.ref_logprobs is None  # no KL term in the loss
     penalties = []
@@ -74,6 +75,7 @@ def test_overlong_filter_trains_on_the_finished_rows_with_the_whole_groups_advan
     computed with the truncated samples still in their groups."""
     import rlvr.train.grpo as grpo
     from rlvr.algos.advantages import ADVANTAGES
+    from rlvr.train.phases import with_advantages
 
     cfg, run, scored = _step_inputs(tiny_model_dir, tmp_path / "f", **{"algo.overlong_filter": "true"})
     scored = [dataclasses.replace(s, trajectory=dataclasses.replace(
@@ -83,7 +85,7 @@ def test_overlong_filter_trains_on_the_finished_rows_with_the_whole_groups_advan
 
     kept = grpo.select_samples(scored, cfg)
     prepared = grpo.prepare(run, kept, cfg)
-    grpo.compute_advantages(prepared, cfg)
+    prepared, _ = grpo.compute_advantages(prepared, cfg)
     advantage = {s.trajectory.task_id + str(i): float(a) for i, (s, a) in enumerate(zip(kept, prepared.batch.advantages))}
     finished = [(i, s) for i, s in enumerate(kept) if s.trajectory.finish_reason != "length"]
     assert 0 < len(finished) < len(kept)
@@ -91,7 +93,7 @@ def test_overlong_filter_trains_on_the_finished_rows_with_the_whole_groups_advan
     out = grpo.update(run, prepared, cfg)
 
     by_hand = grpo.prepare(manual, [s for _, s in finished], plain)
-    by_hand.batch.advantages = torch.tensor([advantage[s.trajectory.task_id + str(i)] for i, s in finished])
+    by_hand = with_advantages(by_hand, torch.tensor([advantage[s.trajectory.task_id + str(i)] for i, s in finished]))
     manual.generator.manual_seed(7)
     out_by_hand = grpo.update(manual, by_hand, plain)
 
@@ -176,7 +178,6 @@ def test_dynamic_sampling_keeps_every_update_at_the_batch_size_when_most_groups_
 
 @pytest.mark.parametrize("extra,key", [
     ({"algo.dynamic_sampling_rounds": 2, "curriculum.enabled": "true"}, "curriculum.filter.refill_rounds"),
-    ({"algo.dynamic_sampling_rounds": 2, "asynchronous.enabled": "true"}, "algo.dynamic_sampling_rounds"),
     ({"algo.dynamic_sampling_rounds": 2, "algo.drop_zero_variance": "false"}, "algo.drop_zero_variance"),
     ({"algo.dynamic_sampling_rounds": -1}, "algo.dynamic_sampling_rounds"),
 ])
@@ -189,7 +190,7 @@ def test_dynamic_sampling_refusals_name_the_key(tiny_model_dir, tmp_path, extra,
 
 def test_dynamic_sampling_with_the_curriculum_off_its_refill(tiny_model_dir, tmp_path):
     """The curriculum with its own refill off takes ``algo.dynamic_sampling_rounds`` (and its metric names)."""
-    from rlvr.train.grpo import dynamic_sampling
+    from rlvr.train.sources import dynamic_sampling
 
     cfg = _cfg(tiny_model_dir, tmp_path / "x", **{"algo.dynamic_sampling_rounds": 3, "curriculum.enabled": "true",
                                                  "curriculum.filter.refill_rounds": 0})

@@ -15,6 +15,7 @@ from test_grpo import _cfg, digits  # noqa: F401  (digits: the autouse fixture r
 
 import rlvr.model.load as load_module
 import rlvr.tasks  # noqa: F401
+import rlvr.train.policy as policy_module
 from rlvr.config import from_dict, load_config
 from rlvr.errors import ConfigError
 from rlvr.model.load import load_model, load_model_and_tokenizer
@@ -30,7 +31,7 @@ from rlvr.model.lora import (
 )
 from rlvr.monitor.metrics import read_metrics
 from rlvr.rollout.engine import SamplingParams, generate
-from rlvr.train import dpo, grpo, sft
+from rlvr.train import dpo, grpo, sft, sources
 
 
 def _ids(tok, n=3, length=12, seed=0):
@@ -69,8 +70,9 @@ def test_config_keys_are_checked_by_name(tiny_model_dir, tmp_path):
                      ({"target_modules": ["lm_head"]}, "lora.target_modules")]:
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             LoraConfig(enabled=True, **bad)
-    with pytest.raises(ConfigError, match="lora.enabled"):
-        _cfg(tiny_model_dir, tmp_path, **{"lora.enabled": "true", "asynchronous.enabled": "true"})
+    with pytest.raises(ConfigError, match=r"lora\.enabled.*rollout\.engine: remote"):  # rlvr.train.compat
+        _cfg(tiny_model_dir, tmp_path, **{"lora.enabled": "true", "rollout.engine": "remote",
+                                          "rollout.remote.base_url": "http://127.0.0.1:1"})
     model, _ = load_model_and_tokenizer(tiny_model_dir)
     with pytest.raises(ConfigError, match="lora.target_modules"):
         apply_lora(model, LoraConfig(enabled=True, target_modules=["no_such_proj"]))
@@ -113,13 +115,13 @@ def test_sft_lora_trains_the_adapter_only_and_saves_an_adapter_peft_loads(tiny_m
     from peft import PeftModel
 
     captured = {}
-    real_save = sft.save_final
+    real_save = policy_module.save_final  # what SFT's Policy.save_final calls
 
     def capture(directory, peft_model, tokenizer, cfg):
         captured.update(base=_base_weights_of(peft_model), adapter=_adapter_weights(peft_model))
         return real_save(directory, peft_model, tokenizer, cfg)
 
-    monkeypatch.setattr(sft, "save_final", capture)
+    monkeypatch.setattr(policy_module, "save_final", capture)
     out = tmp_path / "sft"
     cfg = load_config(sft.SFTConfig, None, [f"model={tiny_model_dir}", f"out={out}", "train_tasks=64", "steps=30",
                                             "batch_size=16", "log_every=1", "optim.lr=5e-2", "optim.warmup_steps=0",
@@ -148,7 +150,7 @@ def test_sft_lora_trains_the_adapter_only_and_saves_an_adapter_peft_loads(tiny_m
 def test_dpo_lora_reference_is_adapters_off_and_final_is_merged(tiny_model_dir, tmp_path, monkeypatch):
     pairs = arithmetic_pairs(tmp_path / "pairs.jsonl")
     loads, captured = [], {"ids": _ids(load_model_and_tokenizer(tiny_model_dir)[1])}
-    real_load, real_save = dpo.load_model_and_tokenizer, dpo.save_final
+    real_load, real_save = load_model_and_tokenizer, policy_module.save_final
     real_model = load_module.load_model
     monkeypatch.setattr(load_module, "load_model", lambda *a, **k: loads.append(a) or real_model(*a, **k))
 
@@ -158,7 +160,7 @@ def test_dpo_lora_reference_is_adapters_off_and_final_is_merged(tiny_model_dir, 
             captured["logits"] = peft_model.get_base_model()(input_ids=captured["ids"]).logits
         return real_save(directory, peft_model, tokenizer, cfg)
 
-    monkeypatch.setattr(dpo, "save_final", capture)
+    monkeypatch.setattr(policy_module, "save_final", capture)
     data = {"model": tiny_model_dir, "pair_files": [pairs], "out": str(tmp_path / "run"), "batch_size": 4,
             "epochs": 4, "log_every": 1, "checkpoint_every": 100, "optim": {"lr": 1e-2, "warmup_steps": 0},
             "lora": {"enabled": True, "r": 8}}
@@ -200,7 +202,7 @@ def test_grpo_lora_samples_merged_weights_kl_from_adapters_off_final_merged(tiny
     from transformers import AutoModelForCausalLM
 
     loads = []
-    real_load, real_model = grpo.load_model_and_tokenizer, load_module.load_model
+    real_load, real_model = policy_module.load_model_and_tokenizer, load_module.load_model
     monkeypatch.setattr(load_module, "load_model", lambda *a, **k: loads.append(a) or real_model(*a, **k))
     out = tmp_path / "run"
     grpo.run_grpo(_grpo_cfg(tiny_model_dir, out, steps=8, checkpoint_every=8), progress=False)
@@ -231,17 +233,17 @@ def test_killed_grpo_lora_run_resumes_to_same_metrics(tiny_model_dir, tmp_path, 
     straight = _grpo_cfg(tiny_model_dir, tmp_path / "straight", steps=4)
     grpo.run_grpo(straight, progress=False)
     crashed = _grpo_cfg(tiny_model_dir, tmp_path / "crashed", steps=4)
-    real_rollout = grpo.rollout
+    real_rollout = sources.rollout
 
     def rollout_then_die(run, tasks, policy_version):
         if policy_version == 3:  # step 4 starts: the newest checkpoint is step 2
             raise KeyboardInterrupt
         return real_rollout(run, tasks, policy_version)
 
-    monkeypatch.setattr(grpo, "rollout", rollout_then_die)
+    monkeypatch.setattr(sources, "rollout", rollout_then_die)
     with pytest.raises(KeyboardInterrupt):
         grpo.run_grpo(crashed, progress=False)
-    monkeypatch.setattr(grpo, "rollout", real_rollout)
+    monkeypatch.setattr(sources, "rollout", real_rollout)
     grpo.run_grpo(crashed, resume=True, progress=False)
 
     def strip(rows):

@@ -8,6 +8,9 @@ import json
 
 import pytest
 
+import rlvr.train.update as update_module
+from rlvr.train import sources
+
 import rlvr.tasks  # noqa: F401
 import rlvr.verifiers  # noqa: F401
 from hack_policy import HACKS, HackPolicy
@@ -39,8 +42,9 @@ def _trajectories(run_dir, step: int) -> dict[str, dict]:
 def test_every_planted_hack_class_is_flagged_zeroed_and_kept(tiny_model_dir, tmp_path, monkeypatch, sandbox):
     import rlvr.train.grpo as grpo
 
+    from rlvr.train import sources
     policy = HackPolicy(list(HACKS))
-    monkeypatch.setattr(grpo, "rollout", policy.wrap(grpo.rollout))
+    monkeypatch.setattr(sources, "rollout", policy.wrap(sources.rollout))
     zero = {f"monitor.{name}.action": "zero" for name in SAMPLE_DETECTORS}
     grpo.run_grpo(_cfg(tiny_model_dir, tmp_path, ["math.arith", "code.gen"], steps=4, **zero), progress=False)
 
@@ -78,7 +82,7 @@ def test_a_stop_action_ends_the_run_with_one_line_and_keeps_the_trained_steps(ti
     import rlvr.train.grpo as grpo
 
     policy = HackPolicy(["answer_stuffing"], from_step=3)
-    monkeypatch.setattr(grpo, "rollout", policy.wrap(grpo.rollout))
+    monkeypatch.setattr(sources, "rollout", policy.wrap(sources.rollout))
     cfg = _cfg(tiny_model_dir, tmp_path, ["math.arith"], steps=6, **{"monitor.answer_stuffing.action": "stop"})
     with pytest.raises(RunStopped) as e:
         grpo.run_grpo(cfg, progress=False)
@@ -103,12 +107,12 @@ def test_a_resumed_run_writes_the_same_alerts_once(tiny_model_dir, tmp_path, mon
             if version == die_at:
                 raise KeyboardInterrupt
             return inner(run_, tasks, version)
-        monkeypatch.setattr(grpo, "rollout", rollout)
+        monkeypatch.setattr(sources, "rollout", rollout)
         cfg = _cfg(tiny_model_dir, out, ["math.arith"], steps=5, checkpoint_every=2,
                    **{"monitor.variance_collapse.patience": 2})
         grpo.run_grpo(cfg, resume=resume, progress=False)
 
-    real = grpo.rollout
+    real = sources.rollout
     run(tmp_path / "straight")
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "crashed", die_at=3)  # step 4 dies after the step-2 checkpoint and step 3
@@ -121,7 +125,7 @@ def test_a_resumed_run_writes_the_same_alerts_once(tiny_model_dir, tmp_path, mon
 
 def _nan_from(monkeypatch, grpo, step: int):
     """Make the policy loss NaN from the update of ``step`` on (every micro-batch)."""
-    real, updates = grpo.micro_loss, []
+    real, updates = update_module.micro_loss, []
     real_update = grpo.update
 
     def update(run, prepared, cfg):
@@ -135,7 +139,7 @@ def _nan_from(monkeypatch, grpo, step: int):
             metrics["pg_loss"] = float(loss.detach())
         return loss, metrics
     monkeypatch.setattr(grpo, "update", update)
-    monkeypatch.setattr(grpo, "micro_loss", micro_loss)
+    monkeypatch.setattr(update_module, "micro_loss", micro_loss)
 
 
 def test_nan_inf_stop_halts_before_the_optimizer_step(tiny_model_dir, tmp_path, monkeypatch):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -149,11 +151,13 @@ def test_loss_and_gradients_match_the_padded_forward(batch, aggregation):
 
 
 def test_micro_loss_is_the_same_with_and_without_packing(batch):
-    from rlvr.train.grpo import AlgoConfig, micro_loss
+    from rlvr.train.grpo import AlgoConfig
+    from rlvr.train.update import micro_loss
 
     model = _model()
     totals = {"num_tokens": float(batch.loss_mask.sum()), "num_seqs": 8.0, "max_tokens": 12}
-    batch.ref_logprobs = sequence_logprobs(_model(seed=1), batch.input_ids, batch.attention_mask).detach()
+    batch = dataclasses.replace(batch, ref_logprobs=sequence_logprobs(_model(seed=1), batch.input_ids,
+                                                                       batch.attention_mask).detach())
     out = {}
     for packing in (False, True):
         model.zero_grad(set_to_none=True)

@@ -54,7 +54,7 @@ from rlvr.model.load import load_model_and_tokenizer
 from rlvr.model.logprobs import sequence_logprobs
 from rlvr.monitor.metrics import read_metrics
 from rlvr.rollout.engine import SamplingParams, generate
-from rlvr.rollout.engines import ENGINES, EngineSetup
+from rlvr.rollout.engine_registry import ROLLOUT_ENGINES, EngineSetup
 from rlvr.rollout.weights import StaleWeightsError
 
 ADMIN = "test-admin-token"
@@ -167,7 +167,7 @@ def test_sampled_grpo_through_rlvr_serve_samples_the_trainers_policy_reproducibl
 
     model, tok = load_model_and_tokenizer(tiny_model_dir)
     cfg = grpo_cfg(f"model={tiny_model_dir}", "rollout.engine=remote", f"rollout.remote.base_url={server}")
-    engine = ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0))
+    engine = ROLLOUT_ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0))
     prompts = [tok("12+7=", add_special_tokens=False)["input_ids"], [5, 6]]
     params = SamplingParams(n=64, max_new_tokens=4, stop_token_ids=tuple(range(40, 90)))  # some stop, some not
     twice = [engine.generate(model, prompts, params, generator=torch.Generator().manual_seed(1), pad_token_id=0)
@@ -210,7 +210,7 @@ def test_weights_changed_behind_the_trainers_back_are_refused_before_a_batch(ser
                                                                                admin):
     model, tok = load_model_and_tokenizer(tiny_model_dir)
     cfg = grpo_cfg(f"model={tiny_model_dir}", "rollout.engine=remote", f"rollout.remote.base_url={server}")
-    engine = ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0))
+    engine = ROLLOUT_ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0))
     params = SamplingParams(n=2, max_new_tokens=3)
     assert len(engine.generate(model, [[5, 6, 7]], params, pad_token_id=0)) == 2
     engine.client.call("/v1/weights", {"path": tiny_model_dir}, token=ADMIN)  # another client's push
@@ -268,7 +268,7 @@ def test_a_server_without_token_ids_or_logprobs_is_refused_at_start_naming_it(ti
         cfg = grpo_cfg("rollout.engine=remote", f"rollout.remote.base_url={fake.url}",
                        "rollout.remote.weight_push=none")
         with pytest.raises(UserError, match=named) as e:
-            ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0))
+            ROLLOUT_ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0))
         assert fake.url in str(e.value) and "\n" not in str(e.value)
     finally:
         fake.close()
@@ -286,8 +286,8 @@ def test_bad_remote_keys_name_the_key():
         grpo_cfg("rollout.engine=remote", "rollout.remote.base_url=http://127.0.0.1:1", "rollout.remote.bogus=1")
     with pytest.raises(ConfigError, match="rollout.precision"):
         grpo_cfg("rollout.engine=remote", "rollout.remote.base_url=http://127.0.0.1:1", "rollout.precision=bf16")
-    with pytest.raises(ConfigError, match="asynchronous.enabled"):
-        grpo_cfg("rollout.engine=remote", "rollout.remote.base_url=http://127.0.0.1:1", "asynchronous.enabled=true")
+    with pytest.raises(ConfigError, match="'backend' does not work with rollout.engine: remote"):
+        grpo_cfg("rollout.engine=remote", "rollout.remote.base_url=http://127.0.0.1:1", "backend=ray")
 
 
 def test_an_unreachable_server_is_one_line_naming_base_url(tiny_model_dir, tmp_path):
@@ -295,7 +295,7 @@ def test_an_unreachable_server_is_one_line_naming_base_url(tiny_model_dir, tmp_p
     url = f"http://127.0.0.1:{free_port()}"
     cfg = grpo_cfg("rollout.engine=remote", f"rollout.remote.base_url={url}", "rollout.remote.timeout_s=5")
     with pytest.raises(UserError, match="cannot reach") as e:
-        ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0))
+        ROLLOUT_ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0))
     assert url in str(e.value) and "\n" not in str(e.value)
 
 
@@ -304,20 +304,20 @@ def test_without_an_admin_token_the_disk_push_says_which_key(server, tiny_model_
     model, tok = load_model_and_tokenizer(tiny_model_dir)
     cfg = grpo_cfg("rollout.engine=remote", f"rollout.remote.base_url={server}")
     with pytest.raises(ConfigError, match="rollout.remote.admin_token"):
-        ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0))
+        ROLLOUT_ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0))
     cfg = grpo_cfg("rollout.engine=remote", f"rollout.remote.base_url={server}", "rollout.remote.admin_token=wrong")
     with pytest.raises(UserError, match="HTTP 403"):
-        ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0))
+        ROLLOUT_ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0))
 
 
 def test_weight_push_none_serves_a_fixed_policy_and_says_so(server, tiny_model_dir, tmp_path, admin):
     model, tok = load_model_and_tokenizer(tiny_model_dir)
     cfg = grpo_cfg("rollout.engine=remote", f"rollout.remote.base_url={server}")
-    ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0)).close()  # start weights
+    ROLLOUT_ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0)).close()  # start weights
     before = server_version(server)
     cfg = grpo_cfg("rollout.engine=remote", f"rollout.remote.base_url={server}", "rollout.remote.weight_push=none")
     with pytest.warns(UserWarning, match="off-policy"):
-        engine = ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0))
+        engine = ROLLOUT_ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0))
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(0.5)
@@ -327,7 +327,7 @@ def test_weight_push_none_serves_a_fixed_policy_and_says_so(server, tiny_model_d
     engine.close()
     # the canary at start: the server does not serve the halved weights
     with pytest.raises(StaleWeightsError), pytest.warns(UserWarning):
-        ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 1, 0))
+        ROLLOUT_ENGINES.get("remote")(EngineSetup(model, tok, cfg.rollout, tmp_path, tiny_model_dir, 1, 0))
 
 
 def test_multi_turn_episodes_through_the_server_are_token_faithful(server, tiny_model_dir, tmp_path, admin):
@@ -335,7 +335,7 @@ def test_multi_turn_episodes_through_the_server_are_token_faithful(server, tiny_
     policy's log-probs equal a fresh forward over the whole trajectory, the segments make its ids."""
     trainer, tok = load_model_and_tokenizer(tiny_model_dir)
     cfg = grpo_cfg("rollout.engine=remote", f"rollout.remote.base_url={server}")
-    engine = ENGINES.get("remote")(EngineSetup(trainer, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0))
+    engine = ROLLOUT_ENGINES.get("remote")(EngineSetup(trainer, tok, cfg.rollout, tmp_path, tiny_model_dir, 0, 0))
     try:
         assert_token_faithful(trainer, echo_episodes(trainer, tok, engine))
     finally:

@@ -196,9 +196,9 @@ def test_fast_batcher_int8_and_weight_updates(tok, target, tmp_path):
 
 
 def test_serve_config_picks_the_fast_engine(tok, target):
-    from rlvr.serve.config import ENGINES, ServeConfig
+    from rlvr.serve.config import SERVING_ENGINES, ServeConfig
 
-    engine = ENGINES.get("fast")(ServeConfig(model="unused", fast=True, quantize="int8"), target, tok)
+    engine = SERVING_ENGINES.get("fast")(ServeConfig(model="unused", fast=True, quantize="int8"), target, tok)
     try:
         assert isinstance(engine, Batcher) and engine.cache is not None and engine.quantize == "int8"
     finally:

@@ -1,4 +1,4 @@
-"""The rollout engine seam and the vLLM engine (``rlvr.rollout.engines``, ``rlvr.rollout.vllm_engine``).
+"""The rollout engine seam and the vLLM engine (``rlvr.rollout.engine_registry``, ``rlvr.rollout.vllm_engine``).
 
 Where vllm is not installed (this project's CPU machines) the vLLM side is tested against
 ``FakeVLLM``: a stand-in for the ``vllm`` module with the parts of its API the engine uses
@@ -29,7 +29,7 @@ from rlvr.errors import ConfigError
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.model.logprobs import sequence_logprobs
 from rlvr.rollout.engine import SamplingParams, generate
-from rlvr.rollout.engines import ENGINES, BuiltinEngine, EngineSetup
+from rlvr.rollout.engine_registry import ROLLOUT_ENGINES, BuiltinEngine, EngineSetup
 from rlvr.rollout.weights import StaleWeightsError, probe
 
 HAS_VLLM_AND_CUDA = torch.cuda.is_available() and __import__("importlib").util.find_spec("vllm") is not None
@@ -74,19 +74,21 @@ def test_bad_engine_and_vllm_keys_name_the_key_and_the_choices():
 
 
 def test_what_an_engine_other_than_rlvr_does_not_run_with_is_refused(monkeypatch):
-    monkeypatch.setattr("rlvr.train.grpo.require_vllm", lambda: None)  # as if vllm and CUDA were here
-    with ENGINES.temporary("test.engine", BuiltinEngine):
-        for key, value in (("asynchronous.enabled", "true"), ("backend", "ray"), ("lora.enabled", "true")):
-            with pytest.raises(ConfigError, match=f"config key '{key}' does not work with 'rollout.engine: test.engine'"):
+    monkeypatch.setattr("rlvr.train.grpo_config.require_vllm", lambda: None)  # as if vllm and CUDA were here
+    with ROLLOUT_ENGINES.temporary("test.engine", BuiltinEngine):
+        for key, value, where in (("backend", "ray", "rollout.engine: test.engine"),
+                                  ("lora.enabled", "true", "rollout.engine: remote")):
+            with pytest.raises(ConfigError, match=f"config key '{key}'.*does not (work|run) with {where}"):
                 grpo_cfg("rollout.engine=test.engine", f"{key}={value}")
-        grpo_cfg("rollout.engine=test.engine")  # alone it is fine
+        grpo_cfg("rollout.engine=test.engine")  # alone it is fine, and asynchronous too (rlvr.train.compat)
+        grpo_cfg("rollout.engine=test.engine", "asynchronous.enabled=true")
         monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it
-        with pytest.raises(ConfigError, match="'rollout.engine: test.engine' does not run under torchrun"):
-            grpo_cfg("rollout.engine=test.engine")
+        with pytest.raises(ConfigError, match="'rollout.engine' does not work with 2 torchrun processes"):
+            grpo_cfg("rollout.engine=test.engine", "distributed.rollout_chunk=1")
         monkeypatch.delenv("WORLD_SIZE")
     with pytest.raises(ConfigError, match="'rollout.precision' is rlvr's engine's.*'rollout.vllm.dtype'"):
         grpo_cfg("rollout.engine=vllm", "rollout.precision=bf16", "device=cuda")
-    with pytest.raises(ConfigError, match="'device' = 'cpu' with 'rollout.engine: vllm'"):
+    with pytest.raises(ConfigError, match="'device' does not work with rollout.engine: vllm"):
         grpo_cfg("rollout.engine=vllm", "device=cpu")
 
 
@@ -368,7 +370,7 @@ def test_grpo_on_a_vllm_engine_pushes_after_each_update_and_logs_its_logprob_mis
     from rlvr.train.grpo import run_grpo
 
     fake_vllm.logprob_shift = -0.2
-    with ENGINES.temporary("test.vllm", ve.vllm_engine):
+    with ROLLOUT_ENGINES.temporary("test.vllm", ve.vllm_engine):
         cfg = grpo_cfg(f"model={tiny_model_dir}", f"out={tmp_path / 'run'}", "rollout.engine=test.vllm", "steps=2",
                        "rollout.tasks_per_step=2", "rollout.samples_per_task=4", "rollout.max_new_tokens=6",
                        "optim.lr=1e-2", "optim.warmup_steps=0", "save_trajectories_every=100",

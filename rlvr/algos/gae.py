@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlvr.algos.advantages import ADVANTAGES
+
 
 def _on(mask: Tensor) -> Tensor:
     return mask > 0
@@ -162,3 +164,16 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
     r, v = returns[on].double(), values[on].double()
     var = r.var(unbiased=False)
     return float("nan") if var == 0 else float(1 - (r - v).var(unbiased=False) / var)
+
+
+@ADVANTAGES.register("gae")
+def gae_advantages(rewards: Tensor, group_ids: Tensor | None = None, *, values: Tensor, mask: Tensor, gamma: float,
+                   lam: float, whiten_advantages: bool = True, kl: Tensor | None = None, beta: float = 0.0,
+                   eps: float = 1e-6) -> Tensor:
+    """``ADVANTAGES["gae"]`` (``NEEDS_VALUES``): token advantages [B, T] of outcome ``rewards`` [B]
+    by GAE over the critic's ``values`` [B, T] (``outcome_token_rewards`` then ``gae``), whitened
+    over the batch's policy tokens when ``whiten_advantages``. ``group_ids`` and ``eps`` are
+    unused: the critic is the baseline."""
+    token_rewards = outcome_token_rewards(rewards.to(values.dtype), mask, kl, beta)
+    adv, _ = gae(token_rewards, values, mask, gamma=gamma, lam=lam)
+    return whiten(adv, mask) if whiten_advantages else adv

@@ -22,6 +22,7 @@ adds beta * agg(kl) itself), advantages (``advantages.py``), DPO/IPO preference 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -138,21 +139,56 @@ def _clip_metrics(ratio: Tensor, unclipped: Tensor, clipped: Tensor, adv: Tensor
     }
 
 
-@POLICY_LOSSES.register("ppo_clip")
-def ppo_clip(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    aggregation: str = "token_mean",
-    num_tokens: float | None = None,
-    num_seqs: float | None = None,
-    max_tokens: int | None = None,
-    is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+@dataclass(frozen=True)
+class PolicyLossInputs:
+    """What a policy loss computes from: the registry signature's arguments after the prologue
+    every ``POLICY_LOSSES`` entry shares (``_policy_loss``)."""
+
+    logprobs: Tensor
+    """[B,T], requires grad."""
+    mask: Tensor
+    """``loss_mask`` in ``logprobs``' dtype, [B,T]."""
+    adv: Tensor
+    """The advantages as [B,1] (given [B]) or [B,T]."""
+    log_ratio: Tensor
+    """log pi - log pi_old on the mask, 0 off it (``_log_ratio``), [B,T]."""
+    clip_low: float
+    clip_high: float
+
+
+def _policy_loss(name: str) -> Callable[[Callable[[PolicyLossInputs], tuple[Tensor, dict[str, float]]]], PolicyLossFn]:
+    """Register ``core(x) -> (token_loss [B,T], metrics)`` in ``POLICY_LOSSES`` as a function of
+    the registry signature (module docstring), named and documented as ``core``. The shared
+    prologue and epilogue live here: the aggregation is looked up first (an unknown name raises
+    before any work), the mask cast to ``logprobs``' dtype, [B] advantages made [B,1], the masked
+    log-ratio taken; after ``core``, ``is_weights`` (no gradient) multiply each token's loss and
+    ``AGGREGATIONS[aggregation]`` reduces it with the given totals."""
+
+    def register(core: Callable[[PolicyLossInputs], tuple[Tensor, dict[str, float]]]) -> PolicyLossFn:
+        def loss_fn(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor, *,
+                    clip_low: float = 0.2, clip_high: float = 0.28, aggregation: str = "token_mean",
+                    num_tokens: float | None = None, num_seqs: float | None = None, max_tokens: int | None = None,
+                    is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+            agg = AGGREGATIONS.get(aggregation)
+            mask = loss_mask.to(logprobs.dtype)
+            adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+            # Off-mask positions get log-ratio 0 (rho = 1): their values can be anything (0, -inf,
+            # stale) without leaking nan into the masked sum or its gradient.
+            log_ratio = _log_ratio(logprobs, old_logprobs, mask)
+            token_loss, metrics = core(PolicyLossInputs(logprobs, mask, adv, log_ratio, clip_low, clip_high))
+            if is_weights is not None:
+                token_loss = token_loss * is_weights.detach()
+            return agg(token_loss, mask, num_tokens=num_tokens, num_seqs=num_seqs, max_tokens=max_tokens), metrics
+
+        loss_fn.__name__ = loss_fn.__qualname__ = core.__name__
+        loss_fn.__doc__ = core.__doc__
+        return POLICY_LOSSES.register(name)(loss_fn)
+
+    return register
+
+
+@_policy_loss("ppo_clip")
+def ppo_clip(x: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
     """PPO clipped surrogate with asymmetric ("clip-higher") bounds.
 
     Schulman et al. 2017, "PPO", Eq. 7; clip-higher from DAPO (Yu et al. 2025), Eq. 10:
@@ -172,43 +208,22 @@ def ppo_clip(
     ``ratio_mean``, ``ratio_max`` (1.0 when there are no policy tokens) and ``approx_kl``
     (mean of old_logprobs - logprobs, the k1 estimate of KL(pi_old || pi)).
     """
-    agg = AGGREGATIONS.get(aggregation)
-    mask = loss_mask.to(logprobs.dtype)
-    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
-    # Off-mask positions get log-ratio 0 (rho = 1): their values can be anything (0, -inf,
-    # stale) without leaking nan into the masked sum or its gradient.
-    log_ratio = _log_ratio(logprobs, old_logprobs, mask)
-    ratio = log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()
+    mask, adv = x.mask, x.adv
+    ratio = x.log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()
     unclipped = -ratio * adv
-    clipped = -ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
+    clipped = -ratio.clamp(1.0 - x.clip_low, 1.0 + x.clip_high) * adv
     token_loss = torch.maximum(unclipped, clipped)
-    if is_weights is not None:
-        token_loss = token_loss * is_weights.detach()
-    loss = agg(token_loss, mask, num_tokens=num_tokens, num_seqs=num_seqs, max_tokens=max_tokens)
 
     with torch.no_grad():
         on = mask > 0
-        metrics = _clip_metrics(ratio, unclipped, clipped, adv, log_ratio, mask, clip_low, clip_high)
+        metrics = _clip_metrics(ratio, unclipped, clipped, adv, x.log_ratio, mask, x.clip_low, x.clip_high)
         metrics["ratio_mean"] = _masked_mean(ratio, mask) if on.any() else 1.0
         metrics["ratio_max"] = float(ratio[on].max()) if on.any() else 1.0
-    return loss, metrics
+    return token_loss, metrics
 
 
-@POLICY_LOSSES.register("gspo")
-def gspo(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    aggregation: str = "token_mean",
-    num_tokens: float | None = None,
-    num_seqs: float | None = None,
-    max_tokens: int | None = None,
-    is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+@_policy_loss("gspo")
+def gspo(x: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
     """GSPO: a sequence-level importance ratio, clipped per sequence.
 
     Zheng et al. 2025, "Group Sequence Policy Optimization" (arXiv 2507.18071), Eq. 5 (the
@@ -233,45 +248,26 @@ def gspo(
     ``ratio_max`` are over the sequences with a policy token (1.0 with none), ``approx_kl`` is the
     token mean of old_logprobs - logprobs as in ``ppo_clip``.
     """
-    agg = AGGREGATIONS.get(aggregation)
-    mask = loss_mask.to(logprobs.dtype)
-    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
-    log_ratio = _log_ratio(logprobs, old_logprobs, mask)
+    mask, adv = x.mask, x.adv
     lengths = mask.sum(-1)
-    seq_log_ratio = (log_ratio * mask).sum(-1) / lengths.clamp(min=1)
+    seq_log_ratio = (x.log_ratio * mask).sum(-1) / lengths.clamp(min=1)
     seq_ratio = seq_log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()  # s_i [B]
-    safe_lp = torch.where(mask > 0, logprobs, torch.zeros_like(logprobs))
+    safe_lp = torch.where(mask > 0, x.logprobs, torch.zeros_like(x.logprobs))
     ratio = seq_ratio.detach().unsqueeze(-1) * (safe_lp - safe_lp.detach()).exp()  # s_{i,t} [B,T]
     unclipped = -ratio * adv
-    clipped = -ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
+    clipped = -ratio.clamp(1.0 - x.clip_low, 1.0 + x.clip_high) * adv
     token_loss = torch.maximum(unclipped, clipped)
-    if is_weights is not None:
-        token_loss = token_loss * is_weights.detach()
-    loss = agg(token_loss, mask, num_tokens=num_tokens, num_seqs=num_seqs, max_tokens=max_tokens)
 
     with torch.no_grad():
         seqs = lengths > 0
-        metrics = _clip_metrics(ratio, unclipped, clipped, adv, log_ratio, mask, clip_low, clip_high)
+        metrics = _clip_metrics(ratio, unclipped, clipped, adv, x.log_ratio, mask, x.clip_low, x.clip_high)
         metrics["ratio_mean"] = float(seq_ratio[seqs].mean()) if seqs.any() else 1.0
         metrics["ratio_max"] = float(seq_ratio[seqs].max()) if seqs.any() else 1.0
-    return loss, metrics
+    return token_loss, metrics
 
 
-@POLICY_LOSSES.register("cispo")
-def cispo(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    aggregation: str = "token_mean",
-    num_tokens: float | None = None,
-    num_seqs: float | None = None,
-    max_tokens: int | None = None,
-    is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+@_policy_loss("cispo")
+def cispo(x: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
     """CISPO: a clipped, detached importance weight times the REINFORCE term; no token is dropped.
 
     MiniMax-M1 technical report (Chen et al. 2025, arXiv 2506.13585), Sec. 3.1, Eq. 4-5:
@@ -291,31 +287,25 @@ def cispo(
     (r < 1 - clip_low), ``ratio_mean``, ``ratio_max`` (unclipped r; 1.0 with no policy token),
     ``approx_kl`` (mean of old_logprobs - logprobs, as ``ppo_clip``).
     """
-    agg = AGGREGATIONS.get(aggregation)
-    mask = loss_mask.to(logprobs.dtype)
-    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
-    log_ratio = _log_ratio(logprobs, old_logprobs, mask)
-    ratio = log_ratio.detach().clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()
-    weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    safe_lp = torch.where(mask > 0, logprobs, torch.zeros_like(logprobs))
-    token_loss = -weight * adv * safe_lp
-    if is_weights is not None:
-        token_loss = token_loss * is_weights.detach()
-    loss = agg(token_loss, mask, num_tokens=num_tokens, num_seqs=num_seqs, max_tokens=max_tokens)
+    mask = x.mask
+    ratio = x.log_ratio.detach().clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()
+    weight = ratio.clamp(1.0 - x.clip_low, 1.0 + x.clip_high)
+    safe_lp = torch.where(mask > 0, x.logprobs, torch.zeros_like(x.logprobs))
+    token_loss = -weight * x.adv * safe_lp
 
     with torch.no_grad():
         on = mask > 0
-        high = (ratio > 1 + clip_high).to(mask.dtype)
-        low = (ratio < 1 - clip_low).to(mask.dtype)
+        high = (ratio > 1 + x.clip_high).to(mask.dtype)
+        low = (ratio < 1 - x.clip_low).to(mask.dtype)
         metrics = {
             "clip_frac": _masked_mean(high + low, mask),
             "clip_frac_high": _masked_mean(high, mask),
             "clip_frac_low": _masked_mean(low, mask),
             "ratio_mean": _masked_mean(ratio, mask) if on.any() else 1.0,
             "ratio_max": float(ratio[on].max()) if on.any() else 1.0,
-            "approx_kl": _masked_mean(-log_ratio, mask),
+            "approx_kl": _masked_mean(-x.log_ratio, mask),
         }
-    return loss, metrics
+    return token_loss, metrics
 
 
 # --------------------------------------------------------------------------- log-probs and SFT

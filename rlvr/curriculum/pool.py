@@ -14,6 +14,8 @@ from rlvr.types import Scored, Task
 
 
 class TaskPool:
+    learns = False  # outcomes never change its draws (the asynchronous producer, rlvr.rollout.async_rollout)
+
     def __init__(self, tasks: list[Task], seed: int) -> None:
         if not tasks:
             raise ValueError("the task pool is empty")

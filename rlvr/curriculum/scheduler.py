@@ -38,6 +38,8 @@ ACTIVE, SOLVED, UNSOLVED = "active", "solved", "unsolved"
 
 
 class Curriculum:
+    learns = True  # its draws follow the outcomes it observes (the asynchronous producer, rlvr.rollout.async_rollout)
+
     def __init__(self, tasks: list[Task], cfg: CurriculumConfig, seed: int) -> None:
         if not tasks:
             raise ValueError("the task pool is empty")

@@ -16,12 +16,18 @@ What it does:
   after it: the base weights stay bit for bit what they were (a merge followed by an unmerge
   would round them a little at every step, worst in bf16). The engine's fast decoder reads the
   merged matrices like any Llama's.
+- ``plain_state_dict(model)``: the weights under plain Hugging Face names (no ``lora_`` keys, no
+  ``.base_layer``); within ``sampling_weights`` the merged weights, loadable into a plain copy
+  of the model (an engine that keeps its own copy: ``rlvr.train.policy.Policy.engine_copy``).
 - ``save_final``: ``final/`` as a merged Hugging Face directory (loads in plain transformers) or
   an adapter directory (``adapter_config.json`` + ``adapter_model.safetensors`` + tokenizer, the
   base model's absolute path in ``base_model_name_or_path``). ``load_adapter_weights`` puts a
   checkpoint's adapter back into a fresh ``apply_lora`` model (resume); ``load_adapter_dir``
   loads an adapter directory onto its base and merges it (``rlvr.model.load`` does this for any
   directory with ``adapter_config.json`` and no ``config.json``).
+
+The trainers do not call these directly: ``rlvr.train.policy.Policy`` decides LoRA-versus-full
+weights for them (loading, sampling, reference, checkpoints, ``final/``).
 
 What it does not do: quantised bases (QLoRA), several adapters at once, or LoRA on embeddings
 and the LM head. docs/lora.md.
@@ -108,19 +114,6 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, base_path: str | Path | 
     return peft_model
 
 
-def load_for_training(path: str | Path, cfg: LoraConfig, ckpt: str | Path | None, *, device, options):
-    """(PeftModel, model to train, tokenizer): the base from ``path`` with adapters injected and,
-    when resuming, the checkpoint ``ckpt``'s adapter loaded; the model to train is the PeftModel's
-    ``get_base_model()``."""
-    from rlvr.model.load import load_model_and_tokenizer
-
-    model, tokenizer = load_model_and_tokenizer(path, device=device, options=options)
-    peft_model = apply_lora(model, cfg, base_path=path)
-    if ckpt is not None:
-        load_adapter_weights(peft_model, ckpt)
-    return peft_model, peft_model.get_base_model(), tokenizer
-
-
 def trainable_count(model: torch.nn.Module) -> tuple[int, int]:
     """(trainable parameters, all parameters)."""
     params = list(model.parameters())
@@ -170,6 +163,20 @@ def sampling_weights(peft_model) -> Iterator[torch.nn.Module]:
         finally:
             for param, data in originals:
                 param.data = data
+
+
+def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s state dict (detached) under plain Hugging Face names: the LoRA matrices left
+    out and ``.base_layer`` taken out of the wrapped layers' names. Pass the module tree
+    (``get_base_model()``), not the ``PeftModel``. Within ``sampling_weights`` these are the merged
+    weights, loadable with ``load_state_dict`` into a plain copy of the model; a model without
+    LoRA layers gives its own state dict."""
+    out = {}
+    for key, value in model.state_dict().items():
+        parts = key.split(".")
+        if not any(p.startswith("lora_") for p in parts):
+            out[".".join(p for p in parts if p != "base_layer")] = value.detach()
+    return out
 
 
 def save_final(directory: str | Path, peft_model, tokenizer, cfg: LoraConfig) -> torch.nn.Module:

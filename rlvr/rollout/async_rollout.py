@@ -21,6 +21,18 @@ nothing then).
 
 Resumability: each batch carries the task pool's state right after its tasks were drawn; the
 trainer checkpoints that state, so a resumed run redraws exactly the batches that were in flight.
+A pool that learns from outcomes (``pool.learns``: the curriculum) is told each batch's results
+when the trainer consumes it (``observe`` in ``next``, under the lock the producer draws with), so
+the producer's draws are up to ``max_staleness`` + queue batches behind what the trainer has seen;
+its checkpointed state is the pool's state at consumption (every result observed), and the draws
+of the batches then in flight are not repeated on resume.
+
+Dynamic sampling (``refill_rounds`` > 0): the producer verifies its own batch and draws again for
+the groups without signal (``rlvr.rollout.sync_rollout.draw_verified``), so generation still
+overlaps training; the verifier thread passes such batches through.
+
+An external engine (``external``: the remote engine) generates instead of the engine copy: after
+each weight pull the producer pushes the copy's weights to it (its own canary) before generating.
 
 Not bitwise reproducible: which version generates a batch depends on timing (within the bound).
 """
@@ -28,6 +40,7 @@ Not bitwise reproducible: which version generates a batch depends on timing (wit
 from __future__ import annotations
 
 import copy
+import dataclasses
 import queue
 import threading
 import time
@@ -41,6 +54,7 @@ from rlvr.algos.kl import logprob_mismatch_kl
 from rlvr.config import check_range
 from rlvr.model.logprobs import sequence_logprobs
 from rlvr.rollout.source import RolloutBatch
+from rlvr.rollout.sync_rollout import draw_verified
 from rlvr.rollout.weights import WeightSync
 from rlvr.model.inputs import pad_right
 
@@ -83,10 +97,16 @@ class AsyncRollout:
 
     def __init__(self, model: torch.nn.Module, cfg: AsyncConfig, *, pool, tasks_per_step: int,
                  start: int, total: int, generate: Callable, verify: Callable, pad_token_id: int,
-                 make_env_pool: Callable[[], Any] | None = None, seed: int = 0) -> None:
+                 make_env_pool: Callable[[], Any] | None = None, seed: int = 0, engine: torch.nn.Module | None = None,
+                 refill_rounds: int = 0, refill_metrics: str = "dynamic_sampling", external=None) -> None:
+        """``model``: the sampling policy now (its weights are the first push); ``engine``: the
+        engine's own frozen copy (default a deepcopy of ``model``; a LoRA policy passes its merged
+        copy, ``Policy.engine_copy``)."""
         self.cfg, self.pool, self.tasks_per_step = cfg, pool, tasks_per_step
         self.generate_fn, self.verify_fn, self.pad_token_id = generate, verify, pad_token_id
-        self.engine = copy.deepcopy(model).eval().requires_grad_(False)
+        self.refill_rounds, self.refill_metrics, self.external = refill_rounds, refill_metrics, external
+        self.pool_lock = threading.Lock()
+        self.engine = (engine if engine is not None else copy.deepcopy(model)).eval().requires_grad_(False)
         self.serving = start
         self.sync = WeightSync(model.config.vocab_size, cfg.canary_tolerance)
         self.sync.push(model, start)
@@ -125,7 +145,11 @@ class AsyncRollout:
                     self.cond.notify_all()
                 continue
             self.consumed_versions.append((item.version, trainer_version))
-            return item
+            if not getattr(self.pool, "learns", False):
+                return item
+            with self.pool_lock:  # the curriculum learns from the batch as the trainer consumes it
+                self.pool.observe(item.scored, step=trainer_version)
+                return dataclasses.replace(item, pool_state=dict(self.pool.state_dict()))
 
     def push(self, model: torch.nn.Module, version: int) -> None:
         """Publish the trainer's weights after an update (the producer pulls them before its next batch)."""
@@ -141,8 +165,12 @@ class AsyncRollout:
             "async/policy_version": float(batch.version),
             "async/dropped_stale": float(self.dropped),
             "async/weight_loads": float(self.sync.loads),
-            **batch.timings,
+            **batch.timings, **batch.counts, **self._pool_metrics(),
         }
+
+    def _pool_metrics(self) -> dict[str, float]:
+        with self.pool_lock:
+            return self.pool.metrics()
 
     def close(self) -> None:
         self.stop.set()
@@ -152,6 +180,8 @@ class AsyncRollout:
             t.join(timeout=60)
         for pool in self.env_pools or []:
             pool.close()
+        if self.external is not None:
+            self.external.close()
 
     # ------------------------------------------------------------------ workers
 
@@ -176,29 +206,59 @@ class AsyncRollout:
                 return
             t0 = time.perf_counter()
             self.serving = self.sync.pull(self.engine, self.serving)
+            if self.external is not None and self.external.version != self.serving:
+                self.external.push(self.engine, self.serving)
             t1 = time.perf_counter()
-            tasks = self.pool.next(self.tasks_per_step)
-            pool_state = dict(self.pool.state_dict())
             envs = self.env_pools[j % len(self.env_pools)] if self.env_pools else None
-            episodes = self.generate_fn(self.engine, tasks, self.serving, envs, self.generator)
+            tasks, episodes, pool_state, scored, counts = self._draw_and_generate(j, envs)
             t2 = time.perf_counter()
             mismatch = parity_kl(self.engine, [ep.trajectory for ep in episodes], self.pad_token_id,
                                  self.cfg.parity_rows)
             t3 = time.perf_counter()
             timings = {"async/sync_s": t1 - t0, "async/generate_s": t2 - t1, "async/parity_s": t3 - t2}
             self.next_index = j + 1
-            self._put(self.generated, (j, tasks, episodes, self.serving, pool_state, mismatch, timings))
+            self._put(self.generated, (j, tasks, episodes, self.serving, pool_state, mismatch, timings, scored, counts))
+
+    def _draw_and_generate(self, j: int, envs) -> tuple[list, list, dict, list | None, dict]:
+        """Batch ``j``'s tasks and episodes, the pool state after its draws, and (with dynamic
+        sampling, verified here to decide the refills) its scored samples and counts."""
+        def draw(n: int) -> list:
+            with self.pool_lock:
+                return self.pool.next(n, step=j)
+
+        def generate(tasks: list) -> list:
+            return self.generate_fn(self.engine, tasks, self.serving, envs, self.generator)
+
+        if not self.refill_rounds:
+            tasks = draw(self.tasks_per_step)
+            with self.pool_lock:
+                pool_state = dict(self.pool.state_dict())
+            return tasks, generate(tasks), pool_state, None, {}
+        episodes: list = []
+
+        def generate_kept(tasks: list) -> list:
+            out = generate(tasks)
+            episodes.extend(out)
+            return out
+
+        tasks, scored, _, counts = draw_verified(draw, generate_kept, self.verify_fn, lambda new: None,
+                                                 tasks_per_step=self.tasks_per_step, refill_rounds=self.refill_rounds,
+                                                 refill_metrics=self.refill_metrics)
+        with self.pool_lock:
+            pool_state = dict(self.pool.state_dict())
+        return tasks, episodes, pool_state, scored, counts
 
     def _verify(self) -> None:
         while True:
             item = self._get(self.generated)
             if item is _DONE:
                 return
-            j, tasks, episodes, version, pool_state, mismatch, timings = item
+            j, tasks, episodes, version, pool_state, mismatch, timings, scored, counts = item
             t0 = time.perf_counter()
-            scored = self.verify_fn(tasks, episodes)
+            if scored is None:  # (dynamic sampling: the producer verified it already)
+                scored = self.verify_fn(tasks, episodes)
             timings = {**timings, "async/verify_s": time.perf_counter() - t0}
-            self._put(self.ready, RolloutBatch(j, tasks, scored, version, pool_state, mismatch, timings))
+            self._put(self.ready, RolloutBatch(j, tasks, scored, version, pool_state, mismatch, timings, counts))
 
     # ------------------------------------------------------------------ queues that notice errors
 

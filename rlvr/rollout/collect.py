@@ -27,7 +27,7 @@ def collect(
     engine=None,
 ) -> list[Trajectory]:
     """Sample ``params.n`` trajectories per task, ordered task-major; group_id = task index.
-    ``engine`` (``rlvr.rollout.engines``): what generates; None = rlvr's ``generate``."""
+    ``engine`` (``rlvr.rollout.engine_registry``): what generates; None = rlvr's ``generate``."""
     prompts = [encode_chat_prompt(tokenizer, list(t.prompt)) for t in tasks]
     start = time.perf_counter()
     completions = (engine.generate if engine is not None else generate)(

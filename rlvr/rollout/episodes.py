@@ -116,7 +116,7 @@ def collect_episodes(
     budget is ``pool.cfg.turn_tokens`` (``params.max_new_tokens`` is ignored). ``reuse_cache``:
     a turn starts from the K/V of the episode's previous turns (False: runs the whole
     conversation again each turn; the same tokens up to float rounding). ``engine``
-    (``rlvr.rollout.engines``): what generates each turn; None = rlvr's ``generate``."""
+    (``rlvr.rollout.engine_registry``): what generates each turn; None = rlvr's ``generate``."""
     cfg = pool.cfg
     live = _start(tokenizer, tasks, params.n, pool)
     limit = min(cfg.max_context, getattr(model.config, "max_position_embeddings", cfg.max_context))
@@ -256,7 +256,7 @@ def run_tasks(model, tokenizer, tasks: list[Task], params: SamplingParams, pool:
     """Roll out ``params.n`` samples of every task, task-major (``group_id`` = index in
     ``tasks``): single-turn tasks in one batched ``collect`` (``params.max_new_tokens`` per
     answer), multi-turn tasks as episodes of their environments (``pool.cfg`` budgets).
-    ``engine`` (``rlvr.rollout.engines``): what generates; None = rlvr's own ``generate`` on
+    ``engine`` (``rlvr.rollout.engine_registry``): what generates; None = rlvr's own ``generate`` on
     ``model``."""
     multi = [i for i, t in enumerate(tasks) if t.multi_turn]
     single = [i for i, t in enumerate(tasks) if not t.multi_turn]

@@ -193,7 +193,7 @@ def choice_completion(choice: dict, prompt_index: int, stop_ids: Sequence[int] |
 
 
 class RemoteEngine:
-    """Generation on a remote server serving ``version`` (``rlvr.rollout.engines.RolloutEngine``)."""
+    """Generation on a remote server serving ``version`` (``rlvr.rollout.engine_registry.RolloutEngine``)."""
 
     name = "remote"
 
@@ -342,7 +342,7 @@ class RemoteEngine:
 
 
 def remote_engine(setup) -> RemoteEngine:
-    """The engine for a run (``rlvr.rollout.engines.EngineSetup``)."""
+    """The engine for a run (``rlvr.rollout.engine_registry.EngineSetup``)."""
     cfg: RemoteConfig = setup.rollout.remote
     cfg.require()
     weights_dir = Path(cfg.weights_dir) if cfg.weights_dir else setup.run_dir / "remote_weights"

@@ -40,32 +40,12 @@ class SyncRollout:
         self.refill_rounds, self.refill_metrics = refill_rounds, refill_metrics
 
     def next(self, trainer_version: int) -> RolloutBatch:
-        timings: dict[str, float] = defaultdict(float)
-        tasks: list[Task] = []
-        scored: list[Scored] = []
-        wanted, rounds, drawn_groups = self.tasks_per_step, 0, 0
-        while wanted:
-            t0 = time.perf_counter()
-            more = self.pool.next(wanted, step=trainer_version)
-            t1 = time.perf_counter()
-            episodes = self.generate_fn(more, trainer_version)
-            t2 = time.perf_counter()
-            new = self.verify_fn(more, episodes)
-            self.pool.observe(new, step=trainer_version)
-            t3 = time.perf_counter()
-            for k, v in (("time/curriculum", t1 - t0), ("time/rollout", t2 - t1), ("time/verify", t3 - t2)):
-                timings[k] += v
-            scored += [_regroup(s, len(tasks)) for s in new]
-            tasks += more
-            rounds, drawn_groups = rounds + 1, drawn_groups + len(more)
-            if rounds > self.refill_rounds:
-                break
-            wanted = self.tasks_per_step - signal_groups(scored)
-        name = self.refill_metrics
-        counts = {f"{name}/rounds": float(rounds), f"{name}/groups_drawn": float(drawn_groups),
-                  f"{name}/zero_variance_frac": 1.0 - signal_groups(scored) / drawn_groups} if self.refill_rounds else {}
+        tasks, scored, timings, counts = draw_verified(
+            lambda n: self.pool.next(n, step=trainer_version), lambda more: self.generate_fn(more, trainer_version),
+            self.verify_fn, lambda new: self.pool.observe(new, step=trainer_version), tasks_per_step=self.tasks_per_step,
+            refill_rounds=self.refill_rounds, refill_metrics=self.refill_metrics)
         pool_state = dict(self.pool.state_dict())
-        return RolloutBatch(trainer_version, tasks, scored, trainer_version, pool_state, None, dict(timings), counts)
+        return RolloutBatch(trainer_version, tasks, scored, trainer_version, pool_state, None, timings, counts)
 
     def push(self, model: torch.nn.Module, version: int) -> None:
         """Nothing to copy: the trainer updates the model the phase function generates with."""
@@ -75,6 +55,39 @@ class SyncRollout:
 
     def close(self) -> None:
         """Nothing runs in the background; the environments belong to the caller."""
+
+
+def draw_verified(draw: Callable, generate: Callable, verify: Callable, observe: Callable, *, tasks_per_step: int,
+                  refill_rounds: int, refill_metrics: str) -> tuple[list[Task], list[Scored], dict, dict]:
+    """One batch: ``draw(n)`` tasks, ``generate(tasks)`` and ``verify(tasks, episodes)`` them,
+    ``observe(scored)`` each round, and draw again for the groups without signal up to
+    ``refill_rounds`` more times. Returns (tasks, scored, timings, dynamic-sampling counts); the
+    synchronous source and the asynchronous producer (``rlvr.rollout.async_rollout``) share it."""
+    timings: dict[str, float] = defaultdict(float)
+    tasks: list[Task] = []
+    scored: list[Scored] = []
+    wanted, rounds, drawn_groups = tasks_per_step, 0, 0
+    while wanted:
+        t0 = time.perf_counter()
+        more = draw(wanted)
+        t1 = time.perf_counter()
+        episodes = generate(more)
+        t2 = time.perf_counter()
+        new = verify(more, episodes)
+        observe(new)
+        t3 = time.perf_counter()
+        for k, v in (("time/curriculum", t1 - t0), ("time/rollout", t2 - t1), ("time/verify", t3 - t2)):
+            timings[k] += v
+        scored += [_regroup(s, len(tasks)) for s in new]
+        tasks += more
+        rounds, drawn_groups = rounds + 1, drawn_groups + len(more)
+        if rounds > refill_rounds:
+            break
+        wanted = tasks_per_step - signal_groups(scored)
+    name = refill_metrics
+    counts = {f"{name}/rounds": float(rounds), f"{name}/groups_drawn": float(drawn_groups),
+              f"{name}/zero_variance_frac": 1.0 - signal_groups(scored) / drawn_groups} if refill_rounds else {}
+    return tasks, scored, dict(timings), counts
 
 
 def signal_groups(scored: list[Scored]) -> int:

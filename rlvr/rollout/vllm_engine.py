@@ -143,7 +143,7 @@ def vllm_sampling_params(vllm, params: SamplingParams, stop_ids: Sequence[int], 
 
 
 class VLLMEngine:
-    """A ``vllm.LLM`` on ``model_dir`` serving ``version`` (``rlvr.rollout.engines.RolloutEngine``)."""
+    """A ``vllm.LLM`` on ``model_dir`` serving ``version`` (``rlvr.rollout.engine_registry.RolloutEngine``)."""
 
     name = "vllm"
 
@@ -209,7 +209,7 @@ class VLLMEngine:
 
 
 def vllm_engine(setup) -> VLLMEngine:
-    """The engine for a run (``rlvr.rollout.engines.EngineSetup``): from the run's ``model``
+    """The engine for a run (``rlvr.rollout.engine_registry.EngineSetup``): from the run's ``model``
     directory at step 0, else from the trainer's weights saved to ``<run>/vllm_init/``."""
     require_vllm()
     source = Path(setup.model_source)

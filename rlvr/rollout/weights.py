@@ -26,6 +26,7 @@ import threading
 import torch
 
 from rlvr.model.logprobs import sequence_logprobs
+from rlvr.model.lora import plain_state_dict
 
 
 class StaleWeightsError(RuntimeError):
@@ -70,7 +71,7 @@ class WeightSync:
 
     def push(self, model: torch.nn.Module, version: int) -> None:
         """Publish ``model``'s current weights as ``version`` (copied: the trainer keeps training)."""
-        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        state = {k: v.clone() for k, v in plain_state_dict(model).items()}  # a LoRA policy: merged, plain names
         expected = probe(model, self.ids)
         with self._lock:
             if self._pushed is not None and version <= self._pushed[0]:

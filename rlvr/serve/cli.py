@@ -12,7 +12,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from rlvr.serve.config import ENGINES, ServeConfig
+from rlvr.serve.config import SERVING_ENGINES, ServeConfig
 
 
 def add_parser(sub) -> None:
@@ -58,7 +58,7 @@ def serve(cfg: ServeConfig) -> None:
     from rlvr.serve.app import create_app
 
     load_tokenizer(cfg.model, options=ModelLoadConfig(dtype=cfg.dtype))  # a wrong directory fails here, at once
-    ENGINES.get(cfg.engine_name)
+    SERVING_ENGINES.get(cfg.engine_name)
     failed: list[BaseException] = []
     server: uvicorn.Server | None = None
 
@@ -86,7 +86,7 @@ def load_engine(cfg: ServeConfig):
 
     device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_model_and_tokenizer(cfg.model, device=device, options=ModelLoadConfig(dtype=cfg.dtype))
-    return ENGINES.get(cfg.engine_name)(cfg, model, tokenizer), tokenizer
+    return SERVING_ENGINES.get(cfg.engine_name)(cfg, model, tokenizer), tokenizer
 
 
 def main(argv: list[str] | None = None) -> int:

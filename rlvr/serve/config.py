@@ -1,4 +1,4 @@
-"""``ServeConfig`` (the flags of ``rlvr serve``) and ``ENGINES``, the registry of serving engines.
+"""``ServeConfig`` (the flags of ``rlvr serve``) and ``SERVING_ENGINES``, the registry of serving engines.
 
 An engine is built by name from the loaded model: ``continuous`` (``rlvr/serve/batcher.py``,
 the default) and ``none`` (the same scheduler, one request at a time). Another engine (the fast
@@ -18,7 +18,7 @@ from rlvr.errors import ConfigError
 from rlvr.registry import Registry
 from rlvr.serve.types import ServingEngine
 
-ENGINES: Registry[Callable[..., ServingEngine]] = Registry("serving engine")
+SERVING_ENGINES: Registry[Callable[..., ServingEngine]] = Registry("serving engine")
 
 
 @dataclass
@@ -95,7 +95,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-@ENGINES.register("continuous")
+@SERVING_ENGINES.register("continuous")
 def _continuous(cfg: ServeConfig, model, tokenizer) -> ServingEngine:
     from rlvr.serve.batcher import Batcher
 
@@ -103,7 +103,7 @@ def _continuous(cfg: ServeConfig, model, tokenizer) -> ServingEngine:
                    max_context=cfg.max_context or None, batching="continuous", seed=cfg.seed)
 
 
-@ENGINES.register("none")
+@SERVING_ENGINES.register("none")
 def _one_at_a_time(cfg: ServeConfig, model, tokenizer) -> ServingEngine:
     from rlvr.serve.batcher import Batcher
 
@@ -114,7 +114,7 @@ def _one_at_a_time(cfg: ServeConfig, model, tokenizer) -> ServingEngine:
 PREFIX_CACHE_BYTES = 256 << 20  # the fast mode's prefix cache bound
 
 
-@ENGINES.register("fast")
+@SERVING_ENGINES.register("fast")
 def _fast(cfg: ServeConfig, model, tokenizer) -> ServingEngine:
     """``--fast``: with ``--draft``, the speculative engine (waves); without, continuous batching
     with the prefix cache; ``--quantize int8`` on either."""

@@ -248,7 +248,7 @@ class FastEngine(Intake):
 
 
 def from_serve_config(cfg, model: torch.nn.Module, tokenizer) -> FastEngine:
-    """The ``ENGINES`` factory of ``rlvr serve --fast`` (``rlvr/serve/config.py``): ``cfg.draft``
+    """The ``SERVING_ENGINES`` factory of ``rlvr serve --fast`` (``rlvr/serve/config.py``): ``cfg.draft``
     (a directory, "ngram" for prompt lookup, "" for none), ``cfg.quantize`` ("" or "int8"), ``cfg.spec_tokens`` and the
     normal mode's bounds. The draft loads on the target's device and dtype."""
     from transformers import AutoTokenizer

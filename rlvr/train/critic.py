@@ -23,7 +23,14 @@ values are computed only where they are used, at the policy tokens (``loss_mask`
 loss and the metrics read nothing else), 0 elsewhere. A value model whose decoder and head cannot be
 split (``value_decoder_and_head``) runs the padded forward (``value_forward``) on the same positions.
 
-Not here: LoRA critics, data parallel.
+Data parallel (torchrun): as the policy's update (``minibatch_backward``). Every
+rank holds the whole batch and the same weights; ``values`` runs whole on each rank; in
+``update`` micro-batch u of each mini-batch runs on rank u % world, the loss normalised by the
+mini-batch's global token count, the gradients summed over the ranks (``all_reduce_grads``) and
+every rank steps the same; every micro-batch's metrics reach every rank (``gather``). World size
+1 is the single-process update.
+
+Not here: LoRA critics.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 import transformers
 from transformers import AutoConfig, AutoModelForTokenClassification
@@ -44,6 +52,7 @@ from rlvr.errors import ConfigError, UserError
 from rlvr.model.load import ModelLoadConfig, dtype_kwarg, load_tokenizer, pretrained_kwargs
 from rlvr.rollout.engine import precision_autocast
 from rlvr.train.common import OptimConfig, build_optimizer, clip_and_step
+from rlvr.train.distributed import Group, active, all_reduce_grads, gather
 from rlvr.train.packing import packed_hidden, plain_head_family, scatter_wanted
 
 CRITIC_STATE = "critic_state.pt"
@@ -241,15 +250,22 @@ class Critic:
 
     def update(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
                returns: torch.Tensor, old_values: torch.Tensor, generator: torch.Generator, *,
-               minibatch_size: int, microbatch_size: int) -> dict[str, float]:
+               minibatch_size: int, microbatch_size: int, group: Group | None = None,
+               bucket_mb: float = 64.0) -> dict[str, float]:
         """``cfg.epochs`` passes of the clipped value loss towards ``returns`` (all [B, T]; values
         clipped around ``old_values``, the values the advantages were computed from), one
         optimizer step per mini-batch (0: the whole batch), micro-batched. Metrics under
         ``critic/``: value_loss, value_clip_frac, grad_norm (means over optimizer steps), lr, and
         of the batch before the update: value_mean, returns_mean, explained_variance (left out
-        when the returns do not vary)."""
+        when the returns do not vary).
+
+        Data parallel: ``group`` (default: the open process group, world 1 without) and
+        ``bucket_mb`` (``distributed.bucket_mb``) as in the policy's update (module docstring); the
+        same micro-batches, steps and metrics at every world size."""
         n = input_ids.shape[0]
         mb = minibatch_size or n
+        group = group or (Group(dist.get_rank(), dist.get_world_size()) if active() else Group())
+        params = [p for p in self.model.parameters() if p.requires_grad]
         self.model.train()
         sums: dict[str, list[float]] = defaultdict(list)
         for _ in range(self.cfg.epochs):
@@ -257,16 +273,23 @@ class Critic:
             for start in range(0, n, mb):
                 mini = order[start: start + mb]
                 num_tokens = float((loss_mask[mini] > 0).sum())
-                step = defaultdict(float)
-                for rows in mini.split(microbatch_size):
-                    ids, mask, lm, ret, old = _rows(rows, attention_mask, input_ids, attention_mask, loss_mask,
+                micros = mini.split(microbatch_size)
+                mine = []  # (value_loss, value_clip_frac weighted by its token share) of this rank's micro-batches
+                for u in range(group.rank, len(micros), group.world):
+                    ids, mask, lm, ret, old = _rows(micros[u], attention_mask, input_ids, attention_mask, loss_mask,
                                                     returns, old_values)
                     loss, metrics = value_loss(self._forward(ids, mask, lm), old, ret, lm, clip=self.cfg.value_clip,
                                                num_tokens=max(num_tokens, 1.0))
                     loss.backward()
                     share = float((lm > 0).sum()) / max(num_tokens, 1.0)
-                    step["value_loss"] += float(loss.detach())
-                    step["value_clip_frac"] += metrics["value_clip_frac"] * share
+                    mine.append((float(loss.detach()), metrics["value_clip_frac"] * share))
+                all_reduce_grads(params, bucket_mb)
+                per_rank = gather(mine)
+                step = defaultdict(float)
+                for u in range(len(micros)):  # in micro-batch order: the same sums at every world size
+                    loss_u, clip_u = per_rank[u % group.world][u // group.world]
+                    step["value_loss"] += loss_u
+                    step["value_clip_frac"] += clip_u
                 for k, v in step.items():
                     sums[k].append(v)
                 sums["grad_norm"].append(clip_and_step(self.model, self.optimizer, self.scheduler, self.cfg.grad_clip))

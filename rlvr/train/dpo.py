@@ -31,10 +31,10 @@ from rich.progress import Progress
 from rlvr.algos.preference import PREFERENCE_LOSSES, preference_metrics, sequence_logps
 from rlvr.config import check_choice, check_device, check_range, resolve_device, to_dict
 from rlvr.errors import ConfigError, UserError
-from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint, save_model_dir
+from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint
 from rlvr.model.inputs import pad_right
-from rlvr.model.load import ModelLoadConfig, load_model_and_tokenizer
-from rlvr.model.lora import LoraConfig, adapters_off, load_for_training, save_final
+from rlvr.model.load import ModelLoadConfig
+from rlvr.model.lora import LoraConfig
 from rlvr.model.tokenizer import encode_chat_prompt, encode_completion
 from rlvr.monitor.metrics import MetricsLogger
 from rlvr.monitor.trackers import TrackerConfig, open_trackers
@@ -43,6 +43,7 @@ from rlvr.train.allocator import keep_freed_memory
 from rlvr.train.common import (OptimConfig, build_optimizer, clip_and_step, prepare_run_dir, restore_training_state,
                                seed_everything, training_state)
 from rlvr.train.packing import packed_logprobs
+from rlvr.train.policy import Policy
 
 REFERENCE_FILE = "reference_logps.pt"
 REFERENCE_FREE = frozenset({"simpo"})  # losses that use no reference model
@@ -164,11 +165,11 @@ def _fingerprint(rows: list[PairIds], ref_model: str) -> str:
 
 
 def reference_logps(cfg: DPOConfig, run_dir: Path, rows: list[PairIds], pad_token_id: int, device,
-                    lora=None) -> torch.Tensor | None:
+                    policy: Policy) -> torch.Tensor | None:
     """[N, 2] summed reference log-probs (chosen, rejected) of every pair: computed once and kept
     in ``<out>/reference_logps.pt`` (read back when the pairs and reference are the same); None
-    for a reference-free loss. ``lora`` (the policy's PeftModel) with no ``ref_model``: the
-    reference is the policy with adapters off, no model is loaded."""
+    for a reference-free loss. The reference is ``ref_model`` loaded apart, else the starting
+    ``policy`` (``Policy.load_reference``: with LoRA its adapters off, no model is loaded)."""
     if cfg.loss in REFERENCE_FREE:
         return None
     ref_dir = cfg.ref_model or cfg.model
@@ -178,18 +179,10 @@ def reference_logps(cfg: DPOConfig, run_dir: Path, rows: list[PairIds], pad_toke
         saved = torch.load(path)
         if saved.get("fingerprint") == key:
             return saved["logps"]
-    if lora is not None and cfg.ref_model is None:
-        policy = lora.get_base_model()
-        was_training = policy.training
-        policy.eval()
-        with adapters_off(lora) as ref:
-            out = _logps_of(ref, rows, pad_token_id, cfg.batch_size)
-        policy.train(was_training)
-    else:
-        ref, _ = load_model_and_tokenizer(ref_dir, device=device, options=cfg.model_load)
-        ref.eval()
+    loaded = policy.load_reference(cfg.ref_model or None, device=device, options=cfg.model_load)
+    with policy.reference(loaded) as ref:
         out = _logps_of(ref, rows, pad_token_id, cfg.batch_size)
-        del ref
+    del ref, loaded  # a loaded reference is not kept for training
     tmp = path.with_suffix(".tmp")
     torch.save({"fingerprint": key, "logps": out}, tmp)
     tmp.replace(path)
@@ -224,11 +217,8 @@ def run_dpo(cfg: DPOConfig, *, resume: bool = False, progress: bool = True) -> d
     start = time.perf_counter()
     device = resolve_device("dpo.device", cfg.device)
     ckpt = latest_checkpoint(run_dir) if resume else None
-    lora = None
-    if cfg.lora.enabled:  # the base from cfg.model, the adapter (resume) from the checkpoint
-        lora, model, tokenizer = load_for_training(cfg.model, cfg.lora, ckpt, device=device, options=cfg.model_load)
-    else:
-        model, tokenizer = load_model_and_tokenizer(str(ckpt or cfg.model), device=device, options=cfg.model_load)
+    policy = Policy.load(cfg.model, cfg.lora, ckpt, device=device, options=cfg.model_load)
+    model, tokenizer = policy.model, policy.tokenizer
     pairs = [p for f in cfg.pair_files for p in load_pairs(f)]
     max_length = cfg.max_length or getattr(model.config, "max_position_embeddings", None)
     rows, dropped = encode_pairs(tokenizer, pairs, max_length)
@@ -236,7 +226,7 @@ def run_dpo(cfg: DPOConfig, *, resume: bool = False, progress: bool = True) -> d
         print(f"dpo: dropped {dropped} of {len(pairs)} pairs longer than {max_length} tokens")
     if not rows:
         raise UserError(f"dpo: no pair fits max_length={max_length} tokens")
-    ref = reference_logps(cfg, run_dir, rows, tokenizer.pad_token_id, device, lora=lora)
+    ref = reference_logps(cfg, run_dir, rows, tokenizer.pad_token_id, device, policy)
     loss_fn = PREFERENCE_LOSSES.get(cfg.loss)
     steps = math.ceil(cfg.epochs * len(rows) / cfg.batch_size)
     model.train()
@@ -271,13 +261,10 @@ def run_dpo(cfg: DPOConfig, *, resume: bool = False, progress: bool = True) -> d
             if step % cfg.log_every == 0 or step == steps:
                 logger.log(step, metrics)
             if step % cfg.checkpoint_every == 0 and step < steps:
-                save_checkpoint(run_dir, step, lora if lora is not None else model, tokenizer, training_state(step, opt, sched, gen))
+                save_checkpoint(run_dir, step, policy.checkpoint_module(), tokenizer, training_state(step, opt, sched, gen))
                 prune_checkpoints(run_dir, keep=1)
             bar.update(job, advance=1, description=f"dpo loss {metrics['train/loss']:.3f}")
     logger.close()
-    if lora is not None:
-        save_final(run_dir / "final", lora, tokenizer, cfg.lora)
-    else:
-        save_model_dir(run_dir / "final", model, tokenizer)
+    policy.save_final(run_dir / "final")
     return {"pairs": len(rows), "dropped": dropped, "steps": steps, **metrics,
             "seconds": time.perf_counter() - start}

@@ -27,7 +27,8 @@ from rich.table import Table
 
 from rlvr.config import resolve_device, save_config, to_dict
 from rlvr.eval import plots
-from rlvr.eval.evaluate import EvalConfig, evaluate
+from rlvr.eval.evaluate import EvalConfig
+from rlvr.eval.report import eval_report
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.monitor.metrics import read_metrics
 from rlvr.report import write_report
@@ -150,10 +151,8 @@ def run_stages(cfg: QuickstartConfig, out: Path, eval_device, *, resume: bool, c
 
     def run_eval(model_dir: Path, name: str) -> dict:
         model, tokenizer = load_model_and_tokenizer(str(model_dir), device=eval_device)
-        report = evaluate(model, tokenizer, eval_tasks, cfg.eval)
-        (out / "eval").mkdir(exist_ok=True)
-        (out / "eval" / f"{name}.json").write_text(json.dumps(report, indent=2))
-        return report
+        return eval_report(model, tokenizer, eval_tasks, cfg.eval, seed=0, model_name=None,
+                           path=out / "eval" / f"{name}.json")
 
     sft_eval = stage("eval_sft", lambda: run_eval(out / "sft/final", "sft"))
     stage_evals = {}

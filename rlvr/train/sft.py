@@ -25,9 +25,8 @@ from rich.progress import Progress
 
 from rlvr.algos.losses import sft_loss
 from rlvr.config import check_device, check_range, resolve_device, to_dict
-from rlvr.model.checkpoint import save_model_dir
-from rlvr.model.load import ModelLoadConfig, load_model_and_tokenizer
-from rlvr.model.lora import LoraConfig, apply_lora, save_final
+from rlvr.model.load import ModelLoadConfig
+from rlvr.model.lora import LoraConfig
 from rlvr.model.tokenizer import encode_chat_prompt, encode_completion
 from rlvr.monitor.metrics import MetricsLogger
 from rlvr.monitor.trackers import TrackerConfig, open_trackers
@@ -39,6 +38,7 @@ from rlvr.tasks.validate import refuse_eval_tasks
 from rlvr.train.allocator import keep_freed_memory
 from rlvr.model.inputs import pad_right
 from rlvr.train.common import OptimConfig, build_optimizer, clip_and_step, prepare_run_dir, seed_everything
+from rlvr.train.policy import Policy
 from rlvr.envs.base import EnvConfig, play
 from rlvr.envs.tokens import conversation_ids
 from rlvr.sandbox.config import SandboxConfig
@@ -149,10 +149,8 @@ def run_sft(cfg: SFTConfig, *, progress: bool = True) -> dict:
     run_dir = prepare_run_dir(cfg.out, cfg)
     start = time.perf_counter()
     device = resolve_device("sft.device", cfg.device)
-    model, tokenizer = load_model_and_tokenizer(cfg.model, device=device, options=cfg.model_load)
-    lora = apply_lora(model, cfg.lora, base_path=cfg.model) if cfg.lora.enabled else None
-    if lora is not None:  # train the adapters of the same module tree; only they require grad
-        model = lora.get_base_model()
+    policy = Policy.load(cfg.model, cfg.lora, device=device, options=cfg.model_load)
+    model, tokenizer = policy.model, policy.tokenizer  # LoRA: only the adapters require grad
     model.train()
     tasks = build_task_set(cfg.domains, "train", cfg.train_tasks, seed=cfg.seed, levels=cfg.levels)
     tasks += demonstration_tasks(cfg.task_files)
@@ -191,8 +189,5 @@ def run_sft(cfg: SFTConfig, *, progress: bool = True) -> dict:
                                   "train/lr": sched.get_last_lr()[0]})
             bar.update(job, advance=1, description=f"sft loss {loss_value:.3f}")
     logger.close()
-    if lora is not None:
-        save_final(run_dir / "final", lora, tokenizer, cfg.lora)
-    else:
-        save_model_dir(run_dir / "final", model, tokenizer)
+    policy.save_final(run_dir / "final")
     return {"loss": loss_value, "examples": len(examples), "seconds": time.perf_counter() - start}

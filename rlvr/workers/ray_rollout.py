@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from rlvr.model.lora import plain_state_dict
 from rlvr.rollout.async_rollout import AsyncRollout
 from rlvr.rollout.episodes import Episode
 from rlvr.rollout.sharded import chunk_seeds, shift_group
@@ -43,13 +44,16 @@ from rlvr.workers.group import ActorGroup
 class RayWorkers:
     def __init__(self, model: torch.nn.Module, tokenizer, *, params, batch_size: int, verify, cfg: RayConfig,
                  env_cfg, sandbox_cfg: SandboxConfig, needs_sandbox: bool, run_dir: str | Path, version: int,
-                 canary_tolerance: float = 1e-4) -> None:
+                 canary_tolerance: float = 1e-4, engine: torch.nn.Module | None = None) -> None:
+        """``model``: the sampling policy now (its weights are the first push); ``engine``: the plain
+        model the actors start from (default ``model``; a LoRA policy passes its merged copy)."""
         ray = self.ray = connect(cfg)
         run_dir = Path(run_dir)
         self.events = EventLog(run_dir)
         self.ids, self.tolerance = canary_ids(model.config.vocab_size), canary_tolerance
-        on_cpu = next(model.parameters()).device.type == "cpu"
-        model_ref = ray.put(model if on_cpu else copy.deepcopy(model).cpu())
+        engine = model if engine is None else engine
+        on_cpu = next(engine.parameters()).device.type == "cpu"
+        model_ref = ray.put(engine if on_cpu else copy.deepcopy(engine).cpu())
         tokenizer_ref, verify_ref = ray.put(tokenizer), ray.put(verify)
         rollout_cls, verifier_cls = ray.remote(RolloutWorker), ray.remote(VerifierWorker)
 
@@ -72,7 +76,7 @@ class RayWorkers:
 
     def push(self, model: torch.nn.Module, version: int) -> None:
         """Broadcast ``model``'s weights as ``version``; every rollout actor loads and checks them."""
-        state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        state = {k: v.to("cpu", copy=True) for k, v in plain_state_dict(model).items()}  # LoRA: merged, plain names
         self.latest = (version, self.ray.put(state), probe(model, self.ids), self.ids, self.tolerance)
         self.rollout.broadcast("load", self.latest)
 

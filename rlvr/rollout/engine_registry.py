@@ -14,7 +14,7 @@ trainer:
                                       ``version`` from now on, checked by the canary
                                       (``rlvr.rollout.weights``); ``engine.version`` says which
 
-Engines (``ENGINES``, the names ``rollout.engine`` accepts):
+Engines (``ROLLOUT_ENGINES``, the names ``rollout.engine`` accepts):
 - ``rlvr`` (default): rlvr's own engine (``rlvr.rollout.engine.generate``) on the trainer's
   model; nothing to push. The trainer does not even build it: the rollout code's default
   (``engine=None``) calls ``generate`` directly, so the default path is the one it always was.
@@ -25,7 +25,7 @@ Engines (``ENGINES``, the names ``rollout.engine`` accepts):
 
 ``EngineSource`` puts an engine with weights of its own under the synchronous rollout source: it
 pushes after each update and checks, before each batch, that the engine serves the trainer's
-version. A test registers a throwaway engine with ``ENGINES.temporary(name, factory)``.
+version. A test registers a throwaway engine with ``ROLLOUT_ENGINES.temporary(name, factory)``.
 """
 
 from __future__ import annotations
@@ -115,10 +115,10 @@ def _remote(setup: EngineSetup) -> RolloutEngine:
     return remote_engine(setup)
 
 
-ENGINES: Registry[Callable[[EngineSetup], RolloutEngine]] = Registry("rollout engine")
-ENGINES.register("rlvr")(lambda setup: BuiltinEngine(setup.version))
-ENGINES.register("vllm")(_vllm)
-ENGINES.register("remote")(_remote)
+ROLLOUT_ENGINES: Registry[Callable[[EngineSetup], RolloutEngine]] = Registry("rollout engine")
+ROLLOUT_ENGINES.register("rlvr")(lambda setup: BuiltinEngine(setup.version))
+ROLLOUT_ENGINES.register("vllm")(_vllm)
+ROLLOUT_ENGINES.register("remote")(_remote)
 
 
 class EngineSource:

@@ -1,0 +1,226 @@
+"""The policy's update: the loss's epochs over mini- and micro-batches of a prepared step.
+
+    update(run, p)              truncated rows out (``algo.overlong_filter``), the off-policy
+                                correction of stale rows (asynchronous mode), then
+                                ``algo.ppo_epochs`` passes, one optimizer step per mini-batch,
+                                micro-batched for memory, data parallel across torchrun ranks;
+                                then the step components' own training (the critic's)
+    micro_loss(model, micro)    one micro-batch's forward and loss: ``POLICY_LOSSES`` over the
+                                log-probs (packed, compiled, bf16 as ``algo`` says), plus the KL
+                                term when the batch carries the reference's log-probs
+
+The prepared step ``p`` is never changed: a filtered or corrected batch is a new value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from rlvr.algos.kl import KL_ESTIMATORS, logprob_mismatch_kl
+from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES
+from rlvr.algos.off_policy import correct_off_policy
+from rlvr.model.logprobs import sequence_logprobs
+from rlvr.rollout.engine import PRECISIONS, precision_autocast
+from rlvr.train.batching import select
+from rlvr.train.common import clip_and_step
+from rlvr.train.compiled import compiled_layers
+from rlvr.train.distributed import all_reduce_grads, gather
+from rlvr.train.grpo_config import AlgoConfig, GRPOConfig
+from rlvr.train.memory import checkpointing
+from rlvr.train.packing import packed_logprobs
+from rlvr.train.phases import Prepared
+from rlvr.types import Batch, Scored
+
+if TYPE_CHECKING:
+    from rlvr.train.grpo_setup import Run
+
+
+def update(run: Run, p: Prepared, cfg: GRPOConfig) -> dict:
+    """Truncated rows out (``algo.overlong_filter``), then PPO-clip epochs over mini-batches (one
+    optimizer step each), micro-batched for memory; then the components' training."""
+    p, filtered = drop_overlong(p) if p.kept and cfg.algo.overlong_filter else (p, {})
+    if not p.kept:
+        return {"train/skipped": 1.0, **filtered}
+    a, kept, budget = cfg.algo, p.kept, p.budget
+    batch, off_policy = off_policy_correction(run, p.batch, kept, cfg) if cfg.asynchronous.enabled else (p.batch, {})
+    mismatch: list[float] = []  # rollout/logprob_mismatch_kl, from forwards before the first optimizer step
+    run.model.train()
+    n = batch.input_ids.shape[0]
+    mb = a.minibatch_size or n
+    sums: dict[str, list[float]] = defaultdict(list)
+    for _ in range(a.ppo_epochs):
+        order = torch.randperm(n, generator=run.generator)
+        for start in range(0, n, mb):
+            mini = select(batch, order[start: start + mb])
+            totals = {"num_tokens": float(mini.loss_mask.sum()), "num_seqs": float(mini.input_ids.shape[0]),
+                      "max_tokens": budget}
+            mini_loss = 0.0
+            for metrics in minibatch_backward(run, mini, a, totals, is_cap=cfg.asynchronous.is_cap):
+                mini_loss += metrics["pg_loss"]
+                if "train/grad_norm" not in sums:  # no optimizer step yet: trainer == engine weights
+                    mismatch.append(metrics.pop("logprob_mismatch_kl"))
+                metrics.pop("logprob_mismatch_kl", None)
+                for k, v in metrics.items():
+                    sums[f"train/{k}"].append(v)
+            if run.monitor.stops_on_nonfinite:  # before the step: NaN/inf never reaches the weights
+                run.monitor.guard_finite(run.step + 1, {"train/pg_loss": mini_loss, "train/grad_norm": grad_norm(run.model)},
+                                         at_boundary="train/grad_norm" not in sums)
+            sums["train/grad_norm"].append(clip_and_step(run.model, run.optimizer, run.scheduler, cfg.optim.grad_clip))
+    out = {k: sum(v) / len(v) for k, v in sums.items()}
+    out["train/lr"] = run.scheduler.get_last_lr()[0]
+    out["train/samples"] = float(n)
+    out["train/policy_tokens"] = float(batch.loss_mask.sum())
+    out["rollout/logprob_mismatch_kl"] = sum(mismatch) / len(mismatch)
+    out.update(off_policy)
+    out.update(filtered)
+    for part in run.components.values():  # the critic's epochs towards the returns, after the policy's
+        out.update(part.after_update(batch, p.returns, p.values, run.generator))
+    return out
+
+
+def minibatch_backward(run: Run, mini: Batch, a: AlgoConfig, totals: dict, is_cap: float) -> list[dict]:
+    """Forward and backward of ``mini`` in micro-batches; the metrics of each, in order.
+
+    Data parallel: micro-batch u runs on rank u % world (the same micro-batches at every world
+    size; the ranks all work when a mini-batch has at least ``world`` of them), the loss is
+    normalised by the mini-batch's global ``totals``, so the sum of the ranks' gradients
+    (``all_reduce_grads``) is the one-process gradient and every rank steps the same; every
+    micro-batch's metrics reach every rank."""
+    rows = mini.input_ids.shape[0]
+    starts = range(0, rows, a.microbatch_size)
+    mine = []
+    for u in range(run.group.rank, len(starts), run.group.world):
+        micro = mini if rows <= a.microbatch_size else \
+            select(mini, torch.arange(starts[u], min(starts[u] + a.microbatch_size, rows)))
+        loss, metrics = micro_loss(run.model, micro, a, totals, is_cap=is_cap)
+        loss.backward()
+        mine.append(metrics)
+    all_reduce_grads([p for p in run.model.parameters() if p.requires_grad], run.cfg.distributed.bucket_mb)
+    per_rank = gather(mine)
+    return [per_rank[u % run.group.world][u // run.group.world] for u in range(len(starts))]
+
+
+def grad_norm(model: torch.nn.Module) -> float:
+    """The total L2 norm of the gradients (what ``clip_and_step`` clips), without stepping."""
+    return float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]))
+
+
+def logprobs_of(model, batch: Batch, a: AlgoConfig) -> torch.Tensor:
+    """[B, T] log-probs of ``batch`` under ``model``: on policy tokens only when packing, else
+    every real token but the first. ``a.precision == "bf16"``: the forward under autocast;
+    ``a.compile``: with compiled decoder layers."""
+    # With activation checkpointing the backward reruns each layer outside this function's
+    # contexts, so the forward must not depend on them: padded rows (the LM head still on policy
+    # tokens only) and torch's default attention backend.
+    recompute = model.training and checkpointing(model)
+    with precision_autocast(model, a.precision), \
+            contextlib.nullcontext() if recompute else training_attention(model, a.precision), \
+            compiled_layers(model, a.compile):
+        if a.packing:
+            return packed_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                   share_prompts=a.share_prompts and not recompute,
+                                   packing=False if recompute else None, logits_chunk=a.logits_chunk)
+        return sequence_logprobs(model, batch.input_ids, batch.attention_mask)
+
+
+def training_attention(model, precision: str):
+    """The SDPA backend of the training forward: under bf16 autocast on CPU, the math backend
+    (attention as batched matmuls, differentiated op by op), because the CPU flash kernel's bf16
+    backward is slow (profiled at the benchmark's packed shapes, 13-14 rows x 196 tokens: 28 ms
+    per layer against 13 ms in fp32, 6x its forward). Forward + backward measured 8% faster on
+    the small benchmark model, 2% on the medium one (``docs/training_step.md``). Elsewhere (fp32,
+    GPU) torch's default choice."""
+    if PRECISIONS[precision] is None or next(model.parameters()).device.type != "cpu":
+        return contextlib.nullcontext()
+    return sdpa_kernel(SDPBackend.MATH)
+
+
+def off_policy_correction(run: Run, batch: Batch, kept: list[Scored], cfg: GRPOConfig) -> tuple[Batch, dict]:
+    """Async mode: samples generated by an older policy version get pi_old = the trainer's
+    log-probs at the start of this update and per-token truncated IS weights
+    (``rlvr.algos.off_policy``; behaviour = the engine's sampling log-probs). On-policy rows keep
+    pi_old = behaviour and weight 1. Rows of ``batch`` are ``kept`` in order.
+
+    Single-pass update (one epoch, one mini-batch: the default): the loss's own forward runs at
+    exactly those weights, so it supplies pi_old (``off_policy_terms``): no extra forward, only
+    ``stale`` is set. Otherwise one no-grad forward over the stale rows, before any step. Returns
+    the batch to train (a new one when anything changed) and the metrics."""
+    stale = torch.tensor([s.trajectory.policy_version < run.step for s in kept], device=batch.input_ids.device)
+    out = {"async/stale_frac": float(stale.float().mean())}
+    if not stale.any():
+        return batch, out
+    n = batch.input_ids.shape[0]
+    if cfg.algo.ppo_epochs == 1 and (cfg.algo.minibatch_size == 0 or cfg.algo.minibatch_size >= n):
+        return dataclasses.replace(batch, stale=stale), out
+    rows = stale.nonzero().flatten()
+    was_training = run.model.training
+    run.model.eval()
+    with torch.no_grad():
+        pi_old = torch.cat([logprobs_of(run.model, select(batch, r), cfg.algo)
+                            for r in rows.split(cfg.algo.microbatch_size)])
+    run.model.train(was_training)
+    old, weights, metrics = correct_off_policy(pi_old, batch.old_logprobs[rows], batch.loss_mask[rows] > 0,
+                                                cfg.asynchronous.is_cap)
+    is_weights = torch.ones_like(batch.old_logprobs)
+    is_weights[rows] = weights
+    old_logprobs = batch.old_logprobs.clone()
+    old_logprobs[rows] = old
+    out.update({f"train/{k}": v for k, v in metrics.items()})
+    return dataclasses.replace(batch, is_weights=is_weights, old_logprobs=old_logprobs), out
+
+
+def off_policy_terms(logprobs: torch.Tensor, micro: Batch, is_cap: float) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+    """(pi_old, IS weights or None, metrics) for the loss. Rows marked ``micro.stale`` (async,
+    single-pass update) take pi_old = this forward's log-probs (the trainer's weights before its
+    step) and truncated IS weights; other rows keep the batch's values."""
+    if micro.stale is None or not bool(micro.stale.any()):
+        return micro.old_logprobs, micro.is_weights, {}
+    return correct_off_policy(logprobs, micro.old_logprobs, micro.stale[:, None] & (micro.loss_mask > 0), is_cap)
+
+
+def micro_loss(model, micro: Batch, a: AlgoConfig, totals: dict, is_cap: float = 2.0) -> tuple[torch.Tensor, dict]:
+    # Packed: log-probs on policy tokens only (0 elsewhere; the loss and KL see only those).
+    logprobs = logprobs_of(model, micro, a)
+    old_logprobs, is_weights, off_metrics = off_policy_terms(logprobs, micro, is_cap)  # async only
+    off_policy = {"is_weights": is_weights} if is_weights is not None else {}  # async only
+    loss, metrics = POLICY_LOSSES.get(a.policy_loss)(
+        logprobs, old_logprobs, micro.advantages, micro.loss_mask,
+        clip_low=a.clip_low, clip_high=a.clip_high, aggregation=a.aggregation, **totals, **off_policy)
+    metrics = dict(metrics, **off_metrics)
+    metrics["logprob_mismatch_kl"] = logprob_mismatch_kl(logprobs, micro.old_logprobs, micro.loss_mask)
+    metrics["pg_loss"] = float(loss.detach())
+    if micro.ref_logprobs is not None:
+        kl = KL_ESTIMATORS.get(a.kl_estimator)(logprobs, micro.ref_logprobs)
+        kl_loss = AGGREGATIONS.get(a.aggregation)(kl, micro.loss_mask, **totals)
+        loss = loss + a.kl_coef * kl_loss
+        metrics["kl"] = float(kl_loss.detach())
+    return loss, metrics
+
+
+def drop_overlong(p: Prepared) -> tuple[Prepared, dict]:
+    """``algo.overlong_filter`` (DAPO, Yu et al. 2025, Sec. 3.4): ``p`` without the samples cut at
+    the length limit (their rewards already took part in their groups' advantages): their rows of
+    the batch and of every per-sample tensor. The share filtered, as a metric."""
+    truncated = [s.trajectory.finish_reason == "length" for s in p.kept]
+    out = {"train/overlong_filtered_frac": sum(truncated) / len(truncated)}
+    if not any(truncated):
+        return p, out
+    kept = [s for s, t in zip(p.kept, truncated) if not t]
+    if not kept:
+        return dataclasses.replace(p, kept=[], batch=None), out
+    rows = torch.tensor([i for i, t in enumerate(truncated) if not t], dtype=torch.long)
+    batch = select(p.batch, rows)
+    width = batch.input_ids.shape[1]
+    rest = {}
+    for f in dataclasses.fields(p):  # the reference's, the teacher's, ... log-probs: same rows, same width
+        x = getattr(p, f.name)
+        if isinstance(x, torch.Tensor):
+            rows_x = rows.to(x.device)
+            rest[f.name] = x[rows_x, :width] if x.dim() == 2 else x[rows_x]
+    return dataclasses.replace(p, kept=kept, batch=batch, **rest), out
