@@ -71,8 +71,6 @@ REFUSED: dict[tuple[str, str], str] = {
     ("lora", "vllm"): _EXTERNAL_FULL,
     ("lora", "remote"): _EXTERNAL_FULL,
     ("lora", "remote_async"): _EXTERNAL_FULL,
-    ("teacher", "vllm"): _VLLM_GPU,
-    ("critic", "vllm"): _VLLM_GPU,
 }
 """(component, producer) -> why that cell does not run. Every other cell runs."""
 
