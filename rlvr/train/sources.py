@@ -85,9 +85,9 @@ def async_source(run: Run, cfg: GRPOConfig, verify: Callable, external: RolloutE
 
 
 def push_weights(source: RolloutSource, run: Run, version: int) -> None:
-    """The policy's weights after the update to ``version``, to a source that keeps its own copy
-    (a LoRA policy: the merged weights); the synchronous source samples from the policy itself."""
-    if isinstance(source, SyncRollout):
+    """The policy's weights after the update to ``version`` (a LoRA policy: the merged weights) to
+    the source; the in-process synchronous source samples from the policy itself and ignores them."""
+    if type(source) is SyncRollout:  # (RayRollout, a subclass, ships them to its actors)
         return
     with run.policy.sampling() as model:
         source.push(model, version=version)
