@@ -144,7 +144,6 @@ class RlvrSide:
                  device: str = "cpu", samples: int = 8, max_new_tokens: int = 32) -> None:
         import rlvr.train.grpo as grpo
         from rlvr.train import update
-        from rlvr.train import sources
         from rlvr.train.common import OptimConfig
 
         self.grpo, self.tasks = grpo, tasks
@@ -197,6 +196,7 @@ class RlvrSide:
         update.micro_loss, update.clip_and_step = timed_micro_loss, timed_clip_and_step
 
     def step(self) -> tuple[float, dict, float]:
+        from rlvr.train import sources
         from rlvr.types import Scored, Verdict
 
         grpo, run, clock = self.grpo, self.run, self.clock

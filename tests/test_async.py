@@ -259,7 +259,6 @@ def test_mismatch_metric_near_zero_in_sync_mode_and_positive_when_perturbed(tiny
     import rlvr.train.grpo as grpo
 
     from rlvr.train import sources
-    from rlvr.train import policy
     grpo.run_grpo(_cfg(tiny_model_dir, tmp_path / "clean", steps=2), progress=False)
     clean = [m["rollout/logprob_mismatch_kl"] for m in read_metrics(tmp_path / "clean")]
     assert len(clean) == 2 and max(clean) < 1e-6, clean

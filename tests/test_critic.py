@@ -199,8 +199,6 @@ from tests.test_grpo import _cfg, digits, killed_and_straight_metrics  # noqa: E
 
 def test_ppo_with_critic_changes_policy_and_critic_and_raises_reward(tiny_model_dir, tmp_path, monkeypatch):
     import rlvr.train.grpo as grpo
-    from rlvr.train import policy
-    from rlvr.train import phases
     from rlvr.train import components
     from rlvr.model.load import load_model
     from rlvr.monitor.metrics import read_metrics
@@ -252,7 +250,6 @@ def test_killed_ppo_with_critic_run_resumes_to_same_metrics(tiny_model_dir, tmp_
 def test_kl_in_reward_with_the_critic_is_per_token(tiny_model_dir, monkeypatch):
     """``algo.kl_in_reward`` with gae: -kl_coef * kl_t at every policy token of the token rewards
     (not the sequence sum on the outcome), and no KL term in the loss's batch."""
-    import rlvr.train.grpo as grpo
     from rlvr.algos.gae import gae, outcome_token_rewards, whiten
     from rlvr.algos.kl import masked_kl
     from rlvr.types import Batch

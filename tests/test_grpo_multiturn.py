@@ -71,7 +71,6 @@ def twoturn():
 
 def test_grpo_on_two_turn_episodes_changes_parameters_and_raises_reward(tiny_model_dir, tmp_path, monkeypatch):
     import rlvr.train.grpo as grpo
-    from rlvr.train import policy
     from rlvr.model.load import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer(tiny_model_dir)
