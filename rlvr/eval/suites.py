@@ -14,6 +14,7 @@ when their fingerprints are equal (``rlvr.eval.gate`` refuses to compare others)
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,7 @@ def load_suite_file(path: str | Path) -> Suite:
     ``"*"`` for every built-in one), ``levels``, ``tasks``, ``seed``, ``task_files`` (paths, or
     mappings of ``TaskFileConfig`` keys; a relative path is relative to the YAML file's folder).
     """
-    from rlvr.config import from_dict, read_yaml
+    from rlvr.config import read_yaml
 
     path = Path(path)
     data = read_yaml(path)
@@ -158,10 +159,21 @@ def load_suite_file(path: str | Path) -> Suite:
             raise fail(key, "is empty")
     if data["name"] in SUITES:
         raise fail("name", f"{data['name']!r} is a built-in suite; choose another name")
-    domains = data.get("domains", [])
+    domains, levels = _draw(data, fail)
+    files = _suite_files(path, data.get("task_files", []), fail)
+    if not domains and not files:
+        raise fail("domains", "and 'task_files' are both empty: the suite has no tasks")
+    return Suite(name=data["name"], version=data["version"], domains=tuple(domains), tasks=data.get("tasks", 1),
+                 levels=tuple(levels), seed=data.get("seed", 1234), task_files=tuple(files),
+                 description=data.get("description", ""), source=str(path))
+
+
+def _draw(data: dict, fail: Callable[[str, str], ConfigError]) -> tuple[list, list]:
+    """A suite file's ``domains`` and ``levels``, checked (and ``tasks`` where domains are drawn)."""
     import rlvr.tasks  # noqa: F401  (registers the built-in domains)
     from rlvr.tasks.base import DOMAINS
 
+    domains = data.get("domains", [])
     for i, name in enumerate(domains):
         if not isinstance(name, str):
             raise fail(f"domains[{i}]", f"must be a domain name, got {name!r}")
@@ -180,8 +192,15 @@ def load_suite_file(path: str | Path) -> Suite:
         raise fail("tasks", f"must be >= 1, got {data['tasks']}")
     if domains and "tasks" not in data:
         raise fail("tasks", "is missing (how many tasks to draw from 'domains')")
+    return domains, levels
+
+
+def _suite_files(path: Path, entries: list, fail: Callable[[str, str], ConfigError]) -> list[TaskFileConfig]:
+    """A suite file's ``task_files``: each a path or a mapping, relative to the suite file, existing."""
+    from rlvr.config import from_dict
+
     files: list[TaskFileConfig] = []
-    for i, entry in enumerate(data.get("task_files", [])):
+    for i, entry in enumerate(entries):
         if isinstance(entry, str):
             entry = {"path": entry}
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
@@ -193,11 +212,7 @@ def load_suite_file(path: str | Path) -> Suite:
             raise ConfigError(f"suite file '{path}': {e}") from None
         if not Path(files[-1].path).exists():
             raise fail(f"task_files[{i}]", f"names no file: {files[-1].path}")
-    if not domains and not files:
-        raise fail("domains", "and 'task_files' are both empty: the suite has no tasks")
-    return Suite(name=data["name"], version=data["version"], domains=tuple(domains), tasks=data.get("tasks", 1),
-                 levels=tuple(levels), seed=data.get("seed", 1234), task_files=tuple(files),
-                 description=data.get("description", ""), source=str(path))
+    return files
 
 
 def _relative_to(suite_file: Path, entry: str) -> Path:

@@ -90,6 +90,14 @@ def create_app(load: Callable[[], tuple[object, object]], *, model_name: str, ap
             s.metrics.requests.labels(request.url.path, str(response.status_code)).inc()
         return response
 
+    _openai_routes(app, s)
+    _operations_routes(app, s)
+    return app
+
+
+def _openai_routes(app: FastAPI, s: _Server) -> None:
+    """``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` (the OpenAI API)."""
+
     def ready_engine(request: Request, model: str | None = None):
         """The engine for a /v1 request: API key checked, loaded, and ``model`` the served one."""
         if s.api_key and not hmac.compare_digest((_bearer(request) or "").encode(), s.api_key.encode()):
@@ -123,6 +131,10 @@ def create_app(load: Callable[[], tuple[object, object]], *, model_name: str, ap
                                             "owned_by": "rlvr", "version": engine.version,
                                             "max_model_len": engine.max_context}]}
 
+
+def _operations_routes(app: FastAPI, s: _Server) -> None:
+    """``/health``, ``/metrics`` (Prometheus) and ``/v1/weights`` (admin: load new weights)."""
+
     @app.get("/health")
     async def health():
         if s.engine is None or not s.engine.ready:
@@ -148,8 +160,6 @@ def create_app(load: Callable[[], tuple[object, object]], *, model_name: str, ap
         except (UserError, ValueError) as e:
             raise ApiError(400, str(e), param="path") from None
         return {"version": version, "path": body.path}
-
-    return app
 
 
 def _loaded(s: _Server):

@@ -319,85 +319,108 @@ def reward_functions(refs: list[str]) -> list[dict[str, Any]]:
     return out
 
 
+class _Cells:
+    """A row's cells by task field, read through the file's ``map`` (field -> column)."""
+
+    def __init__(self, data: dict[str, Any], mapping: dict[str, str]) -> None:
+        self.data, self.mapping = data, mapping
+
+    def column(self, name: str) -> str:
+        return self.mapping.get(name, name)
+
+    def get(self, name: str) -> Any:
+        return self.data.get(self.column(name))
+
+    def where(self, name: str) -> str:
+        """The field as an error names it: the column, and the field it is mapped to."""
+        return name if self.column(name) == name else f"'{self.column(name)}' (mapped to '{name}')"
+
+
 def question_task(row: Row, cfg: TaskFileConfig, stem: str, index: int) -> Task | None:
     """A question row (see the module docstring); None when the file keeps one split and this
     row is in another."""
     from rlvr.verifiers import VERIFIERS
 
-    data = row.data
-
-    def column(name: str) -> str:
-        return cfg.map.get(name, name)
-
-    def get(name: str) -> Any:
-        return data.get(column(name))
-
-    def where(name: str) -> str:
-        return name if column(name) == name else f"'{column(name)}' (mapped to '{name}')"
-
+    cells = _Cells(row.data, cfg.map)
     for name, col in cfg.map.items():
-        if col not in data and name in ("prompt", "answer"):
-            raise RowError(where(name), f"is missing (the row has: {', '.join(sorted(data)) or 'nothing'})")
-    split = get("split")
+        if col not in row.data and name in ("prompt", "answer"):
+            raise RowError(cells.where(name), f"is missing (the row has: {', '.join(sorted(row.data)) or 'nothing'})")
+    split = cells.get("split")
     if cfg.split and split != cfg.split:
         return None
-    if get("prompt") is None:
-        raise RowError(where("prompt"), "is missing" + ("" if cfg.map else "; name the prompt column with "
-                                                        "--map prompt=COLUMN"))
-    prompt = _messages(get("prompt"), where("prompt"))
-    kind = get("verifier") or cfg.verifier or ("python" if cfg.reward else DEFAULT_VERIFIER)
+    if cells.get("prompt") is None:
+        raise RowError(cells.where("prompt"), "is missing" + ("" if cfg.map else "; name the prompt column with "
+                                                              "--map prompt=COLUMN"))
+    prompt = _messages(cells.get("prompt"), cells.where("prompt"))
+    kind = cells.get("verifier") or cfg.verifier or ("python" if cfg.reward else DEFAULT_VERIFIER)
     if not isinstance(kind, str) or kind not in VERIFIERS:
-        raise RowError(where("verifier"), f"names no verifier {kind!r}; choose one of: {', '.join(VERIFIERS.names())}")
+        raise RowError(cells.where("verifier"),
+                       f"names no verifier {kind!r}; choose one of: {', '.join(VERIFIERS.names())}")
+    payload = _payload(cells, kind, cfg)
+    prompt = _framed(prompt, cells.get("system") or cfg.system_prompt, _instruction(kind, payload, cfg.instruction))
+    reference = cells.get("reference")
+    if reference is not None and not isinstance(reference, str):
+        raise RowError(cells.where("reference"), "is not a string")
+    raw_id = cells.get("id")
+    if raw_id is not None and (not isinstance(raw_id, (str, int)) or isinstance(raw_id, bool) or not str(raw_id).strip()):
+        raise RowError(cells.where("id"), "is not a non-empty string or integer")
+    meta: dict[str, Any] = {"source": row.where.rsplit(":", 1)[0], "where": row.where}
+    if cells.get("tags") is not None:
+        meta["tags"] = _tags(cells.get("tags"))
+    if split is not None:
+        meta["split"] = str(split)
+    level = cells.get("level")
+    task = Task(id=str(raw_id) if raw_id is not None else f"{stem}:{index}",
+                domain=str(cells.get("domain") or cfg.domain or f"file.{kind}"),
+                level=_level(level, cells.where("level"), text_ok=True) if level is not None else cfg.level,
+                prompt=prompt, spec=Spec(kind, payload), reference=reference, meta=meta)
+    return Task(**{**task.__dict__, "key": normalised_prompt(task)})
+
+
+def _payload(cells: _Cells, kind: str, cfg: TaskFileConfig) -> dict[str, Any]:
+    """The spec payload of a question row for verifier ``kind``, checked by the verifier's own
+    ``validate_payload`` (a ``python`` row: the reward functions and the row's other columns)."""
+    from rlvr.verifiers import VERIFIERS
+
     payload = dict(cfg.options)
     for name in PAYLOAD_FIELDS:
-        value = get(name)
+        value = cells.get(name)
         if value is None:
             continue
         if name == "choices":
-            value = _json_cell(value, where(name), list)
+            value = _json_cell(value, cells.where(name), list)
         elif name == "schema" or (name == "answer" and kind == "json"):
-            value = _json_cell(value, where(name), dict)
+            value = _json_cell(value, cells.where(name), dict)
         elif name in ("abs_tol", "rel_tol"):
-            value = _number(value, where(name))
+            value = _number(value, cells.where(name))
         elif name == "answer" and isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)
         payload[name] = value
     if kind == "python":
-        prompt_col = column("prompt")
-        payload = {"functions": reward_functions(cfg.reward), **{k: v for k, v in cfg.options.items()},
-                   "columns": {k: v for k, v in data.items() if k != prompt_col}}
+        prompt_col = cells.column("prompt")
+        payload = {"functions": reward_functions(cfg.reward), **dict(cfg.options),
+                   "columns": {k: v for k, v in cells.data.items() if k != prompt_col}}
         if not payload["functions"]:
-            raise RowError(where("verifier"), "is python, but no reward functions are configured (--reward mod:fn)")
+            raise RowError(cells.where("verifier"), "is python, but no reward functions are configured (--reward mod:fn)")
     validate = getattr(VERIFIERS.get(kind), "validate_payload", None)
     if callable(validate):
         try:
             validate(payload)
         except ValueError as e:
             raise RowError("", f"{kind} spec: {e}") from None
-    system = get("system") or cfg.system_prompt
+    return payload
+
+
+def _framed(prompt: tuple, system: Any, instruction: str) -> tuple:
+    """The prompt with the system message (when it has none) and the answer-format instruction
+    appended to its last user message."""
     if system and not any(m["role"] == "system" for m in prompt):
         prompt = ({"role": "system", "content": str(system)}, *prompt)
-    instruction = _instruction(kind, payload, cfg.instruction)
     if instruction:
         last = max(i for i, m in enumerate(prompt) if m["role"] == "user")
         prompt = tuple({**m, "content": m["content"].rstrip() + "\n\n" + instruction} if i == last else m
                        for i, m in enumerate(prompt))
-    reference = get("reference")
-    if reference is not None and not isinstance(reference, str):
-        raise RowError(where("reference"), "is not a string")
-    raw_id = get("id")
-    if raw_id is not None and (not isinstance(raw_id, (str, int)) or isinstance(raw_id, bool) or not str(raw_id).strip()):
-        raise RowError(where("id"), "is not a non-empty string or integer")
-    meta: dict[str, Any] = {"source": row.where.rsplit(":", 1)[0], "where": row.where}
-    if get("tags") is not None:
-        meta["tags"] = _tags(get("tags"))
-    if split is not None:
-        meta["split"] = str(split)
-    domain = get("domain") or cfg.domain or f"file.{kind}"
-    task = Task(id=str(raw_id) if raw_id is not None else f"{stem}:{index}", domain=str(domain),
-                level=_level(get("level"), where("level"), text_ok=True) if get("level") is not None else cfg.level,
-                prompt=prompt, spec=Spec(kind, payload), reference=reference, meta=meta)
-    return Task(**{**task.__dict__, "key": normalised_prompt(task)})
+    return prompt
 
 
 def _instruction(kind: str, payload: dict[str, Any], setting: str) -> str:

@@ -207,6 +207,37 @@ def batch_indices(step: int, n: int, batch_size: int, seed: int) -> list[int]:
     return order[slot * batch_size: (slot + 1) * batch_size]
 
 
+def encoded_pairs(cfg: DPOConfig, model, tokenizer) -> tuple[list, int]:
+    """The pairs of ``cfg.pair_files`` tokenised, those longer than ``max_length`` (default: the
+    model's context) dropped; the rows and how many were dropped."""
+    pairs = [p for f in cfg.pair_files for p in load_pairs(f)]
+    max_length = cfg.max_length or getattr(model.config, "max_position_embeddings", None)
+    rows, dropped = encode_pairs(tokenizer, pairs, max_length)
+    if dropped:
+        print(f"dpo: dropped {dropped} of {len(pairs)} pairs longer than {max_length} tokens")
+    if not rows:
+        raise UserError(f"dpo: no pair fits max_length={max_length} tokens")
+    return rows, dropped
+
+
+def dpo_step(model, batch: list, ref: torch.Tensor | None, cfg: DPOConfig, opt, sched, pad_token_id: int) -> dict:
+    """One optimizer step on a batch of encoded pairs (``ref``: their reference log-probs, [B, 2],
+    or None for reference-free losses); its metrics."""
+    chosen, rejected, chosen_len, rejected_len = response_logps(model, batch, pad_token_id)
+    losses, chosen_rewards, rejected_rewards = PREFERENCE_LOSSES.get(cfg.loss)(
+        chosen, rejected, ref[:, 0] if ref is not None else None, ref[:, 1] if ref is not None else None,
+        beta=cfg.beta, label_smoothing=cfg.label_smoothing, chosen_lengths=chosen_len, rejected_lengths=rejected_len,
+        gamma=cfg.simpo_gamma if cfg.loss == "simpo" else 0.0)
+    nll = -chosen.sum() / chosen_len.sum().clamp(min=1)  # token mean over the batch's chosen responses
+    loss = losses.mean() + cfg.rpo_alpha * nll if cfg.rpo_alpha else losses.mean()
+    loss.backward()
+    grad_norm = clip_and_step(model, opt, sched, cfg.optim.grad_clip)
+    return {"train/loss": loss.item(), "train/grad_norm": grad_norm, "train/lr": sched.get_last_lr()[0],
+            **{f"train/{k}": v for k, v in preference_metrics(chosen_rewards, rejected_rewards).items()},
+            "train/logps/chosen": chosen.mean().item(), "train/logps/rejected": rejected.mean().item(),
+            "train/nll/chosen": nll.item()}
+
+
 def run_dpo(cfg: DPOConfig, *, resume: bool = False, progress: bool = True) -> dict:
     keep_freed_memory()
     seed_everything(cfg.seed)
@@ -219,15 +250,8 @@ def run_dpo(cfg: DPOConfig, *, resume: bool = False, progress: bool = True) -> d
     ckpt = latest_checkpoint(run_dir) if resume else None
     policy = Policy.load(cfg.model, cfg.lora, ckpt, device=device, options=cfg.model_load)
     model, tokenizer = policy.model, policy.tokenizer
-    pairs = [p for f in cfg.pair_files for p in load_pairs(f)]
-    max_length = cfg.max_length or getattr(model.config, "max_position_embeddings", None)
-    rows, dropped = encode_pairs(tokenizer, pairs, max_length)
-    if dropped:
-        print(f"dpo: dropped {dropped} of {len(pairs)} pairs longer than {max_length} tokens")
-    if not rows:
-        raise UserError(f"dpo: no pair fits max_length={max_length} tokens")
+    rows, dropped = encoded_pairs(cfg, model, tokenizer)
     ref = reference_logps(cfg, run_dir, rows, tokenizer.pad_token_id, device, policy)
-    loss_fn = PREFERENCE_LOSSES.get(cfg.loss)
     steps = math.ceil(cfg.epochs * len(rows) / cfg.batch_size)
     model.train()
     opt, sched = build_optimizer(model, cfg.optim, steps)
@@ -242,22 +266,8 @@ def run_dpo(cfg: DPOConfig, *, resume: bool = False, progress: bool = True) -> d
         job = bar.add_task("dpo", total=steps, completed=first - 1)
         for step in range(first, steps + 1):
             idx = batch_indices(step, len(rows), cfg.batch_size, cfg.seed)
-            chosen, rejected, chosen_len, rejected_len = response_logps(model, [rows[i] for i in idx],
-                                                                        tokenizer.pad_token_id)
-            ref_c = ref[idx, 0].to(device) if ref is not None else None
-            ref_r = ref[idx, 1].to(device) if ref is not None else None
-            losses, chosen_rewards, rejected_rewards = loss_fn(
-                chosen, rejected, ref_c, ref_r, beta=cfg.beta, label_smoothing=cfg.label_smoothing,
-                chosen_lengths=chosen_len, rejected_lengths=rejected_len,
-                gamma=cfg.simpo_gamma if cfg.loss == "simpo" else 0.0)
-            nll = -chosen.sum() / chosen_len.sum().clamp(min=1)  # token mean over the batch's chosen responses
-            loss = losses.mean() + cfg.rpo_alpha * nll if cfg.rpo_alpha else losses.mean()
-            loss.backward()
-            grad_norm = clip_and_step(model, opt, sched, cfg.optim.grad_clip)
-            metrics = {"train/loss": loss.item(), "train/grad_norm": grad_norm, "train/lr": sched.get_last_lr()[0],
-                       **{f"train/{k}": v for k, v in preference_metrics(chosen_rewards, rejected_rewards).items()},
-                       "train/logps/chosen": chosen.mean().item(), "train/logps/rejected": rejected.mean().item(),
-                       "train/nll/chosen": nll.item()}
+            metrics = dpo_step(model, [rows[i] for i in idx], ref[idx].to(device) if ref is not None else None,
+                               cfg, opt, sched, tokenizer.pad_token_id)
             if step % cfg.log_every == 0 or step == steps:
                 logger.log(step, metrics)
             if step % cfg.checkpoint_every == 0 and step < steps:
