@@ -95,6 +95,8 @@ class AsyncRollout:
     are rotated so an environment is never reset while its batch is still being verified.
     """
 
+    takes_weights = True  # the engine copy (and an external engine) pull them
+
     def __init__(self, model: torch.nn.Module, cfg: AsyncConfig, *, pool, tasks_per_step: int,
                  start: int, total: int, generate: Callable, verify: Callable, pad_token_id: int,
                  make_env_pool: Callable[[], Any] | None = None, seed: int = 0, engine: torch.nn.Module | None = None,

@@ -126,6 +126,8 @@ class EngineSource:
     trainer's weights to the engine after each update (the wrapped source's ``push`` has nothing
     to copy), and ``next`` first checks the engine serves ``trainer_version``."""
 
+    takes_weights = True
+
     def __init__(self, source: RolloutSource, engine: RolloutEngine) -> None:
         self.source, self.engine = source, engine
 

@@ -44,6 +44,10 @@ class RolloutBatch:
 class RolloutSource(Protocol):
     """What the trainer needs from whatever produces its batches."""
 
+    takes_weights: bool
+    """Whether ``push`` must be called after each update: False where the batches are generated
+    with the trainer's own model (the in-process synchronous source), so there is nothing to copy."""
+
     def next(self, trainer_version: int) -> RolloutBatch:
         """The batch to train at ``trainer_version`` (blocks until it is ready)."""
         ...

@@ -33,6 +33,8 @@ class SyncRollout:
     trainer's phase functions; ``pool`` is the task pool (curriculum) the batches are drawn from;
     ``refill_metrics`` the prefix of the dynamic-sampling counts."""
 
+    takes_weights = False  # the phase functions generate with the trainer's own model
+
     def __init__(self, *, pool, tasks_per_step: int, generate: Callable, verify: Callable,
                  refill_rounds: int = 0, refill_metrics: str = "curriculum") -> None:
         self.pool, self.tasks_per_step = pool, tasks_per_step

@@ -86,8 +86,8 @@ def async_source(run: Run, cfg: GRPOConfig, verify: Callable, external: RolloutE
 
 def push_weights(source: RolloutSource, run: Run, version: int) -> None:
     """The policy's weights after the update to ``version`` (a LoRA policy: the merged weights) to
-    the source; the in-process synchronous source samples from the policy itself and ignores them."""
-    if type(source) is SyncRollout:  # (RayRollout, a subclass, ships them to its actors)
+    the source, when it takes them (the in-process synchronous source samples from the policy itself)."""
+    if not source.takes_weights:
         return
     with run.policy.sampling() as model:
         source.push(model, version=version)

@@ -132,6 +132,8 @@ class RayWorkers:
 class RayRollout(SyncRollout):
     """The synchronous ``RolloutSource`` on Ray actors: draw here, generate and verify there."""
 
+    takes_weights = True  # the actors' copies of the policy
+
     def __init__(self, workers: RayWorkers, *, pool, tasks_per_step: int, generator: torch.Generator,
                  refill_rounds: int = 0, refill_metrics: str = "curriculum") -> None:
         super().__init__(pool=pool, tasks_per_step=tasks_per_step, refill_rounds=refill_rounds,
