@@ -1173,15 +1173,18 @@ def test_advantage_estimator_conforms(name):
 
 @pytest.mark.parametrize("name", sorted(NEEDS_VALUES))
 def test_value_estimator_conforms(name):
-    """An estimator over a critic's values: token advantages [B, T], 0 off the policy tokens
-    whatever the values hold there, finite, and different for different rewards."""
+    """An estimator over a critic's values: token advantages and the critic's targets [B, T], 0 off
+    the policy tokens whatever the values hold there, finite, and different for different rewards."""
     mask = torch.tensor([[0, 1, 1, 0], [0, 1, 0, 1]], dtype=torch.float32)
     values = torch.where(mask > 0, torch.tensor([[0.0, 0.2, 0.4, 0.0], [0.0, 0.1, 0.0, 0.3]]), torch.nan)
     fn = ADVANTAGES.get(name)
-    adv = fn(torch.tensor([1.0, 0.0]), None, values=values, mask=mask, gamma=1.0, lam=0.95, whiten_advantages=False)
-    assert adv.shape == mask.shape and torch.isfinite(adv).all() and bool((adv[mask == 0] == 0).all())
-    other = fn(torch.tensor([0.0, 1.0]), None, values=values, mask=mask, gamma=1.0, lam=0.95, whiten_advantages=False)
-    assert not torch.equal(adv, other)
+    adv, targets = fn(torch.tensor([1.0, 0.0]), None, values=values, mask=mask, gamma=1.0, lam=0.95,
+                      whiten_advantages=False)
+    for t in (adv, targets):
+        assert t.shape == mask.shape and torch.isfinite(t).all() and bool((t[mask == 0] == 0).all())
+    other, other_targets = fn(torch.tensor([0.0, 1.0]), None, values=values, mask=mask, gamma=1.0, lam=0.95,
+                              whiten_advantages=False)
+    assert not torch.equal(adv, other) and not torch.equal(targets, other_targets)
 
 
 @pytest.mark.parametrize("name", STEP_COMPONENTS.names())

@@ -3,12 +3,14 @@ the critic fits fixed returns, save/load gives the same values and the same next
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 from rlvr.errors import ConfigError, UserError
 from rlvr.train import phases
-from rlvr.train.critic import Critic, CriticConfig, critic_advantages, load_value_model
+from rlvr.train.critic import Critic, CriticConfig, load_value_model
 
 
 def _batch(vocab: int):
@@ -177,18 +179,20 @@ def test_checkpoint_extra_is_inside_the_atomic_checkpoint(tiny_model_dir, tmp_pa
 
 
 def test_advantages_are_whitened_gae_of_outcome_rewards_with_kl(critic):
+    from rlvr.algos.advantages import ADVANTAGES
     from rlvr.algos.gae import gae, outcome_token_rewards, whiten
 
     ids, attn, lm, _ = _batch(critic.model.config.vocab_size)
     values = critic.values(ids, attn, microbatch_size=3)
     rewards, kl = torch.tensor([1.0, 0.0, 0.5]), torch.rand(3, 12)
-    adv, ret = critic_advantages(critic.cfg, rewards, lm, values, kl, beta=0.1)
+    c = critic.cfg
+    estimator = functools.partial(ADVANTAGES.get("gae"), values=values, mask=lm, gamma=c.gamma, lam=c.lam)
+    adv, ret = estimator(rewards, None, whiten_advantages=True, kl=kl, beta=0.1)
     want_adv, want_ret = gae(outcome_token_rewards(rewards, lm, kl, 0.1), values, lm, gamma=1.0, lam=0.95)
-    torch.testing.assert_close(ret, want_ret)
+    torch.testing.assert_close(ret, want_ret)  # the critic's targets: never whitened
     torch.testing.assert_close(adv, whiten(want_adv, lm))
     assert abs(float(adv[lm > 0].mean())) < 1e-5 and (adv[lm == 0] == 0).all()
-    critic.cfg.whiten_advantages = False
-    torch.testing.assert_close(critic_advantages(critic.cfg, rewards, lm, values)[0],
+    torch.testing.assert_close(estimator(rewards, None, whiten_advantages=False)[0],
                                gae(outcome_token_rewards(rewards, lm), values, lm, gamma=1.0, lam=0.95)[0])
 
 

@@ -9,7 +9,8 @@ estimator is vectorised over groups (``torch.unique`` + ``index_add_``) and regi
 
 Estimators that do not use ``eps`` accept and ignore it, so callers never branch on the name.
 An estimator that needs a learned critic's values declares it in ``NEEDS_VALUES`` (``gae``,
-registered by ``rlvr.algos.gae``) and takes them as keywords instead of group ids.
+registered by ``rlvr.algos.gae``), takes them as keywords instead of group ids, and returns the
+critic's targets with the token advantages.
 A sample in a group of size 1 gets advantage 0 from every estimator with a group baseline (it
 has no baseline); ``reinforce_pp`` has none (``WITHOUT_GROUP_BASELINE``). The estimators in
 ``BATCH_NORMALISED`` use statistics of the whole batch they are given, so a sample's advantage
@@ -37,10 +38,11 @@ ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
 BATCH_NORMALISED: frozenset[str] = frozenset({"reinforce_pp", "reinforce_pp_baseline"})
 """Estimators normalised over the whole batch: groups are not independent under them."""
 WITHOUT_GROUP_BASELINE: frozenset[str] = frozenset({"reinforce_pp"})
+"""Estimators with no per-group baseline: singletons and constant groups get non-zero advantages."""
 NEEDS_VALUES: frozenset[str] = frozenset({"gae"})
 """Estimators over a learned critic's values (``rlvr.algos.gae``): called as ``fn(rewards, None, *,
-values, mask, gamma, lam, whiten_advantages, kl, beta)`` and returning token advantages [N, T]."""
-"""Estimators with no per-group baseline: singletons and constant groups get non-zero advantages."""
+values, mask, gamma, lam, whiten_advantages, kl, beta)`` and returning (token advantages [N, T],
+the critic's regression targets [N, T])."""
 
 
 def _group_index(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, int]:

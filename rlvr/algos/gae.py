@@ -169,11 +169,12 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
 @ADVANTAGES.register("gae")
 def gae_advantages(rewards: Tensor, group_ids: Tensor | None = None, *, values: Tensor, mask: Tensor, gamma: float,
                    lam: float, whiten_advantages: bool = True, kl: Tensor | None = None, beta: float = 0.0,
-                   eps: float = 1e-6) -> Tensor:
-    """``ADVANTAGES["gae"]`` (``NEEDS_VALUES``): token advantages [B, T] of outcome ``rewards`` [B]
-    by GAE over the critic's ``values`` [B, T] (``outcome_token_rewards`` then ``gae``), whitened
-    over the batch's policy tokens when ``whiten_advantages``. ``group_ids`` and ``eps`` are
-    unused: the critic is the baseline."""
+                   eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """``ADVANTAGES["gae"]`` (``NEEDS_VALUES``): (token advantages [B, T], returns [B, T]) of
+    outcome ``rewards`` [B] by GAE over the critic's ``values`` [B, T] (``outcome_token_rewards``
+    with the KL penalty ``beta * kl`` when given, then ``gae``); the advantages whitened over the
+    batch's policy tokens when ``whiten_advantages``, the returns (the critic's targets) never.
+    ``group_ids`` and ``eps`` are unused: the critic is the baseline."""
     token_rewards = outcome_token_rewards(rewards.to(values.dtype), mask, kl, beta)
-    adv, _ = gae(token_rewards, values, mask, gamma=gamma, lam=lam)
-    return whiten(adv, mask) if whiten_advantages else adv
+    adv, returns = gae(token_rewards, values, mask, gamma=gamma, lam=lam)
+    return (whiten(adv, mask) if whiten_advantages else adv), returns

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 import transformers
 from transformers import AutoConfig, AutoModelForTokenClassification
 
-from rlvr.algos.gae import explained_variance, gae, outcome_token_rewards, value_loss, whiten
+from rlvr.algos.gae import explained_variance, value_loss
 from rlvr.config import check_range
 from rlvr.errors import ConfigError, UserError
 from rlvr.model.load import ModelLoadConfig, dtype_kwarg, load_tokenizer, pretrained_kwargs
@@ -184,18 +184,6 @@ def packed_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
     hidden, b_idx, t_idx = packed_hidden(model, input_ids, attention_mask, want, decoder=base,
                                          packing=None if packing else False, share_prompts=share_prompts)
     return scatter_wanted(head(hidden)[:, 0].float(), b_idx, t_idx, input_ids.shape)
-
-
-def critic_advantages(cfg: CriticConfig, rewards: torch.Tensor, loss_mask: torch.Tensor, values: torch.Tensor,
-                      kl: torch.Tensor | None = None, beta: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token advantages [B, T], returns [B, T]) of outcome ``rewards`` [B]: the reward at each
-    sequence's last policy token, minus ``beta * kl`` at every policy token when ``kl`` is given
-    (KL in the reward), GAE with ``critic.gamma``/``critic.lam`` over the critic's ``values``
-    [B, T], advantages whitened over the batch when ``critic.whiten_advantages``; the returns (the
-    critic's targets) are not whitened."""
-    token_rewards = outcome_token_rewards(rewards.to(values.dtype), loss_mask, kl, beta)
-    adv, returns = gae(token_rewards, values, loss_mask, gamma=cfg.gamma, lam=cfg.lam)
-    return (whiten(adv, loss_mask) if cfg.whiten_advantages else adv), returns
 
 
 def _rows(rows: torch.Tensor, attention_mask: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:

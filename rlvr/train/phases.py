@@ -24,7 +24,6 @@ import torch
 
 from rlvr.algos.advantages import ADVANTAGES, NEEDS_VALUES, group_has_variance
 from rlvr.algos.distill import reverse_kl, reverse_kl_advantages
-from rlvr.algos.gae import gae, outcome_token_rewards
 from rlvr.algos.kl import kl_reward_penalty, masked_kl
 from rlvr.train.batching import collate
 from rlvr.train.grpo_config import GRPOConfig, uses_critic
@@ -125,9 +124,8 @@ def value_advantages(p: Prepared, rewards: torch.Tensor, cfg: GRPOConfig) -> tup
     a, b, c = cfg.algo, p.batch, cfg.critic
     kl = masked_kl(b.old_logprobs, p.ref_logprobs, b.loss_mask, a.kl_estimator) if a.kl_in_reward else None
     rewards = rewards.to(b.input_ids.device)
-    advantages = ADVANTAGES.get(a.advantage)(rewards, None, values=p.values, mask=b.loss_mask, gamma=c.gamma,
-                                             lam=c.lam, whiten_advantages=c.whiten_advantages, kl=kl, beta=a.kl_coef)
-    token_rewards = outcome_token_rewards(rewards.to(p.values.dtype), b.loss_mask, kl, a.kl_coef)
-    returns = gae(token_rewards, p.values, b.loss_mask, gamma=c.gamma, lam=c.lam)[1]
+    advantages, returns = ADVANTAGES.get(a.advantage)(rewards, None, values=p.values, mask=b.loss_mask, gamma=c.gamma,
+                                                      lam=c.lam, whiten_advantages=c.whiten_advantages, kl=kl,
+                                                      beta=a.kl_coef)
     metrics = {} if kl is None else {"rollout/kl_penalty_mean": float(a.kl_coef * kl.sum(-1).mean())}
     return with_advantages(p, advantages, returns), metrics
