@@ -79,6 +79,7 @@ def test_every_cell_is_refused_with_its_reason_or_accepted(component, producer, 
 @pytest.mark.parametrize("producer", ["sync", "async"])
 @pytest.mark.parametrize("component", [c.name for c in compat.COMPONENTS])
 def test_every_supported_in_process_cell_runs_two_steps(component, producer, tiny_model_dir, tmp_path):
+    from rlvr.model.load import load_model
     from rlvr.monitor.metrics import read_metrics
     from rlvr.train import grpo
     from tests.test_grpo import digits_registered
@@ -93,6 +94,9 @@ def test_every_supported_in_process_cell_runs_two_steps(component, producer, tin
     steps = read_metrics(tmp_path / "run")
     assert [m["step"] for m in steps] == [1, 2]
     assert (tmp_path / "run" / "final").is_dir() and (tmp_path / "run" / "checkpoints" / "step_2").is_dir()
+    start = load_model(tiny_model_dir).state_dict()
+    final = load_model(tmp_path / "run" / "final").state_dict()  # LoRA: merged
+    assert any(not torch.equal(t, start[k]) for k, t in final.items()), "the updates changed no weight"
 
 
 def test_the_docs_show_the_table():
