@@ -23,7 +23,8 @@ Resumability: each batch carries the task pool's state right after its tasks wer
 trainer checkpoints that state, so a resumed run redraws exactly the batches that were in flight.
 A pool that learns from outcomes (``pool.learns``: the curriculum) is told each batch's results
 when the trainer consumes it (``observe`` in ``next``, under the lock the producer draws with), so
-the producer's draws are up to ``max_staleness`` + queue batches behind what the trainer has seen;
+the producer's draws lack the results of at most ``max_staleness`` batches (the gate: batch j is
+drawn once the updates on batches 0..j-k-1 are done, so those were observed);
 its checkpointed state is the pool's state at consumption (every result observed), and the draws
 of the batches then in flight are not repeated on resume.
 
