@@ -180,6 +180,45 @@ def killed_and_straight_metrics(model_dir, tmp_path, monkeypatch, extra: dict) -
     return strip(read_metrics(tmp_path / "straight")), strip(read_metrics(tmp_path / "crashed"))
 
 
+def test_a_run_whose_newest_checkpoint_is_damaged_resumes_from_the_one_before(tiny_model_dir, tmp_path, monkeypatch,
+                                                                              capsys):
+    """Killed as step 5 starts (checkpoints every step), its step-4 weights then truncated and a
+    metrics line left half-written: the resume warns once, starts from step 3 and logs what an
+    uninterrupted run logs."""
+    import rlvr.train.grpo as grpo
+    from rlvr.train import sources
+
+    extra = {"checkpoint_every": 1, "keep_checkpoints": 3}
+    grpo.run_grpo(_cfg(tiny_model_dir, tmp_path / "straight", steps=5, **extra), progress=False)
+    crashed = _cfg(tiny_model_dir, tmp_path / "crashed", steps=5, **extra)
+    real_rollout = sources.rollout
+
+    def rollout_then_die(run, tasks, policy_version):
+        if policy_version == 4:
+            raise KeyboardInterrupt
+        return real_rollout(run, tasks, policy_version)
+
+    monkeypatch.setattr(sources, "rollout", rollout_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        grpo.run_grpo(crashed, progress=False)
+    monkeypatch.setattr(sources, "rollout", real_rollout)
+    weights = tmp_path / "crashed" / "checkpoints" / "step_4" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with (tmp_path / "crashed" / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 5, "rollout/rew')
+    capsys.readouterr()
+    grpo.run_grpo(crashed, resume=True, progress=False)
+    warned = [line for line in capsys.readouterr().err.splitlines() if "is damaged" in line]
+    assert len(warned) == 1 and "step_4" in warned[0] and "model.safetensors" in warned[0]
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+    straight, resumed = strip(read_metrics(tmp_path / "straight")), strip(read_metrics(tmp_path / "crashed"))
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]
+    assert json.dumps(straight, sort_keys=True) == json.dumps(resumed, sort_keys=True)
+
+
 def test_task_files_join_the_pool_and_broken_tasks_are_dropped(tiny_model_dir, tmp_path, capsys):
     from rlvr.sandbox import choose
     from rlvr.train.grpo import run_grpo

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 
@@ -12,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr.errors import ConfigError, UserError
 from rlvr.model.checkpoint import (
+    checkpoint_problem,
     latest_checkpoint,
     load_trainer_state,
     prune_checkpoints,
@@ -234,3 +236,37 @@ def test_rng_state_roundtrip(tmp_path):
     set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=False))
     second = (random.random(), np.random.rand(), torch.rand(3))
     assert first[0] == second[0] and first[1] == second[1] and torch.equal(first[2], second[2])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "missing", "manifest"])
+def test_a_damaged_checkpoint_is_skipped_with_one_line_and_the_previous_one_used(model, tok, tmp_path, capsys,
+                                                                                 damage):
+    good = save_checkpoint(tmp_path, 1, model, tok, {"step": 1})
+    bad = save_checkpoint(tmp_path, 2, model, tok, {"step": 2})
+    assert checkpoint_problem(good) is None and checkpoint_problem(bad) is None
+    weights = bad / "model.safetensors"
+    data = weights.read_bytes()
+    if damage == "truncated":
+        weights.write_bytes(data[: len(data) // 2])
+    elif damage == "flipped":  # same size, one byte changed
+        weights.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    elif damage == "missing":
+        (bad / "trainer_state.pt").unlink()
+    else:
+        (bad / "MANIFEST.json").write_text("{not json")
+    capsys.readouterr()  # (the saves' progress bars)
+    assert latest_checkpoint(tmp_path) == good
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(bad) in err[0] and "using the one before it" in err[0], err
+    assert {"truncated": "model.safetensors has", "flipped": "model.safetensors changed", "missing":
+            "trainer_state.pt is missing", "manifest": "MANIFEST.json is unreadable"}[damage] in err[0]
+
+
+def test_a_checkpoint_without_a_manifest_is_trusted_and_the_manifest_lists_every_file(model, tok, tmp_path):
+    ckpt = save_checkpoint(tmp_path, 3, model, tok, {"step": 3}, extra=lambda d: (d / "critic").mkdir()
+                           or (d / "critic" / "w.bin").write_bytes(b"x" * 10))
+    listed = json.loads((ckpt / "MANIFEST.json").read_text())["files"]
+    on_disk = {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file()} - {"COMPLETE", "MANIFEST.json"}
+    assert set(listed) == on_disk and listed["critic/w.bin"]["bytes"] == 10  # sub-directories too
+    (ckpt / "MANIFEST.json").unlink()  # as written before manifests existed
+    assert latest_checkpoint(tmp_path) == ckpt

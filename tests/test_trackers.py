@@ -256,3 +256,23 @@ def test_each_trainer_hands_its_metrics_and_config_to_the_trackers(tiny_model_di
             (tracker,) = Recorder.seen
             assert tracker.closed and tracker.params == to_dict(cfg), name
             assert tracker.rows == read_metrics(tmp_path / name) and len(tracker.rows) == 2, name
+
+
+def test_a_line_cut_short_by_a_crash_is_dropped_and_earlier_lines_kept(tmp_path):
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    for step in (1, 2, 3):
+        logger.log(step, {"train/loss": float(step)})
+    logger.close()
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "train/lo')  # the process died inside this write
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]  # readable as it is
+    resumed = MetricsLogger(tmp_path, tensorboard=False, resume_step=2)  # the checkpoint was step 2
+    resumed.log(3, {"train/loss": 30.0})
+    resumed.close()
+    assert [(r["step"], r["train/loss"]) for r in read_metrics(tmp_path)] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+    assert not list(tmp_path.glob("*.tmp"))
+
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    (tmp_path / "metrics.jsonl").write_text("\n".join([lines[0], "garbage", *lines[1:]]) + "\n")
+    with pytest.raises(UserError, match=r"metrics.jsonl:2: not a JSON metrics row"):
+        read_metrics(tmp_path)  # damage before the last line is not a crash's: named, not skipped

@@ -3,12 +3,19 @@
 Layout: ``run_dir/checkpoints/step_N/`` holds a Hugging Face model directory (safetensors weights,
 config, tokenizer), ``trainer_state.pt`` (whatever the trainer needs to resume: optimizer and
 scheduler state dicts, RNG states, data and curriculum state, metrics), what the trainer's ``extra``
-writer adds (PPO's critic: ``critic/``) and a ``COMPLETE`` marker.
+writer adds (PPO's critic: ``critic/``), a ``MANIFEST.json`` (every other file's size and SHA-256)
+and a ``COMPLETE`` marker.
 
-Atomicity: everything is written into a temporary sibling directory (``.tmp-...``), the marker
-last, and the directory is then renamed into place. A crash leaves at most a temp directory,
-which ``latest_checkpoint`` ignores and ``prune_checkpoints`` removes, never a ``step_N`` that
-looks complete but is not. ``save_model_dir`` does the same for ``run_dir/final``.
+Atomicity: everything is written into a temporary sibling directory (``.tmp-...``), each file
+hashed and fsynced into the manifest, the marker last, and the directory is then renamed into
+place. A crash leaves at most a temp directory, which ``latest_checkpoint`` ignores and
+``prune_checkpoints`` removes, never a ``step_N`` that looks complete but is not.
+``save_model_dir`` does the same for ``run_dir/final``.
+
+Integrity: ``latest_checkpoint`` checks the newest complete checkpoint against its manifest (a file
+missing, truncated or changed since it was written) and, when it fails, prints one line naming the
+checkpoint and the file and falls back to the previous one. A checkpoint written before manifests
+existed (a marker, no manifest) is trusted as it is.
 
 What it does not do: decide when to checkpoint or what goes into the trainer state (the trainer
 does), or load models (``rlvr/model/load.py``; a checkpoint directory is a normal model dir).
@@ -16,8 +23,11 @@ does), or load models (``rlvr/model/load.py``; a checkpoint directory is a norma
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
+import sys
 import re
 import shutil
 import uuid
@@ -29,6 +39,7 @@ import torch
 
 CHECKPOINTS = "checkpoints"
 MARKER = "COMPLETE"
+MANIFEST = "MANIFEST.json"
 TRAINER_STATE = "trainer_state.pt"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _TMP_PREFIX = ".tmp-"
@@ -91,6 +102,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model: Any, tokenizer: Any, 
         torch.save(state, tmp / TRAINER_STATE)
         if extra is not None:
             extra(tmp)
+        write_manifest(tmp)
         with open(tmp / MARKER, "w") as f:  # written last: its presence means all else is there
             f.write(f"{step}\n")
             f.flush()
@@ -115,10 +127,60 @@ def _complete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def _file_digest(path: Path, sync: bool = False) -> str:
+    """SHA-256 of a file, read in 1 MiB blocks; ``sync``: fsync it too (a file just written)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+        if sync:
+            os.fsync(f.fileno())
+    return h.hexdigest()
+
+
+def write_manifest(directory: Path) -> None:
+    """``MANIFEST.json``: the size and SHA-256 of every file under ``directory`` (sub-directories
+    included), each fsynced; the marker and the manifest itself excluded."""
+    files = {str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": _file_digest(p, sync=True)}
+             for p in sorted(directory.rglob("*")) if p.is_file() and p.name not in (MARKER, MANIFEST)}
+    with open(directory / MANIFEST, "w") as f:
+        json.dump({"files": files}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def checkpoint_problem(ckpt_dir: str | Path) -> str | None:
+    """What is wrong with a complete checkpoint against its manifest (the first problem, one
+    line), or None when every listed file is there with its size and SHA-256."""
+    ckpt = Path(ckpt_dir)
+    manifest = ckpt / MANIFEST
+    if not manifest.is_file():
+        return None  # written before manifests: nothing to check against
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{MANIFEST} is unreadable ({type(e).__name__})"
+    for name, want in files.items():
+        path = ckpt / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != want["bytes"]:
+            return f"{name} has {size} bytes, {want['bytes']} were written"
+        if _file_digest(path) != want["sha256"]:
+            return f"{name} changed since it was written (SHA-256 differs)"
+    return None
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The complete checkpoint with the highest step, or None when there is none."""
-    found = _complete_checkpoints(run_dir)
-    return found[-1][1] if found else None
+    """The complete checkpoint with the highest step whose files match its manifest, or None.
+    A damaged one is skipped with one line on stderr naming it; the previous one is used."""
+    for _, path in reversed(_complete_checkpoints(run_dir)):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        print(f"rlvr: checkpoint {path} is damaged ({problem}); using the one before it", file=sys.stderr)
+    return None
 
 
 def load_trainer_state(ckpt_dir: str | Path) -> dict[str, Any]:

@@ -2,16 +2,20 @@
 optional trackers (``rlvr.monitor.trackers``: MLflow, W&B) get the same numbers too.
 
 Names are namespaced: ``rollout/*``, ``train/*``, ``eval/*``, ``time/*``. On resume the JSONL is
-truncated to the checkpoint's step, so a resumed run's file reads as if it never stopped.
+truncated to the checkpoint's step, so a resumed run's file reads as if it never stopped: the kept
+lines are written to a temporary file that replaces the log in one rename (a crash during the
+truncation leaves the old file whole), and a last line cut short by a crash mid-write is dropped.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from rlvr.errors import UserError
 from rlvr.monitor.trackers import Tracker
 
 
@@ -36,11 +40,13 @@ class MetricsLogger:
         if not self.path.exists():
             self.path.write_text("")
             return
-        kept = [
-            line for line in self.path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step
-        ]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        kept = [line for line in self.path.read_text().splitlines() if _step_of(line) <= step]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w") as f:
+            f.write("".join(line + "\n" for line in kept))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         clean = {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}
@@ -66,8 +72,27 @@ class MetricsLogger:
                 tracker.close()
 
 
+def _step_of(line: str) -> float:
+    """The step of a metrics line; infinity for a blank or cut-short line (never kept on resume)."""
+    try:
+        return json.loads(line).get("step", 0)
+    except ValueError:
+        return math.inf
+
+
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The run's metrics rows. A last line cut short by a crash mid-write is left out; a damaged
+    line before it is a ``UserError`` naming the file and line."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [(n, line) for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+    rows = []
+    for i, (n, line) in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            if i == len(lines) - 1:
+                break  # the record being written when the run stopped
+            raise UserError(f"{path}:{n}: not a JSON metrics row") from None
+    return rows
