@@ -150,34 +150,40 @@ def test_killed_run_resumes_to_same_metrics(tiny_model_dir, tmp_path, monkeypatc
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
-def killed_and_straight_metrics(model_dir, tmp_path, monkeypatch, extra: dict) -> tuple[list, list]:
-    """The metrics (no timings) of a 5-step run, and of the same run killed as step 4 starts (step 3
-    logged, the newest checkpoint step 2) and resumed."""
+def killed_at_rollout(cfg, monkeypatch, version: int) -> None:
+    """``cfg``'s run, stopped (KeyboardInterrupt) as the rollout of policy version ``version`` starts."""
     import rlvr.train.grpo as grpo
-
     from rlvr.train import sources
-    straight = _cfg(model_dir, tmp_path / "straight", steps=5, **extra)
-    grpo.run_grpo(straight, progress=False)
 
-    crashed = _cfg(model_dir, tmp_path / "crashed", steps=5, **extra)
     real_rollout = sources.rollout
 
     def rollout_then_die(run, tasks, policy_version):
-        if policy_version == 3:  # step 4 starts: step 3 is logged, the newest checkpoint is step 2
+        if policy_version == version:
             raise KeyboardInterrupt
         return real_rollout(run, tasks, policy_version)
 
     monkeypatch.setattr(sources, "rollout", rollout_then_die)
     with pytest.raises(KeyboardInterrupt):
-        grpo.run_grpo(crashed, progress=False)
-    assert [r["step"] for r in read_metrics(tmp_path / "crashed")] == [1, 2, 3]
+        grpo.run_grpo(cfg, progress=False)
     monkeypatch.setattr(sources, "rollout", real_rollout)
+
+
+def without_times(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def killed_and_straight_metrics(model_dir, tmp_path, monkeypatch, extra: dict) -> tuple[list, list]:
+    """The metrics (no timings) of a 5-step run, and of the same run killed as step 4 starts (step 3
+    logged, the newest checkpoint step 2) and resumed."""
+    import rlvr.train.grpo as grpo
+
+    straight = _cfg(model_dir, tmp_path / "straight", steps=5, **extra)
+    grpo.run_grpo(straight, progress=False)
+    crashed = _cfg(model_dir, tmp_path / "crashed", steps=5, **extra)
+    killed_at_rollout(crashed, monkeypatch, 3)  # step 4 starts: step 3 is logged, the newest checkpoint is step 2
+    assert [r["step"] for r in read_metrics(tmp_path / "crashed")] == [1, 2, 3]
     grpo.run_grpo(crashed, resume=True, progress=False)
-
-    def strip(rows):
-        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
-
-    return strip(read_metrics(tmp_path / "straight")), strip(read_metrics(tmp_path / "crashed"))
+    return without_times(read_metrics(tmp_path / "straight")), without_times(read_metrics(tmp_path / "crashed"))
 
 
 def test_a_run_whose_newest_checkpoint_is_damaged_resumes_from_the_one_before(tiny_model_dir, tmp_path, monkeypatch,
@@ -186,22 +192,11 @@ def test_a_run_whose_newest_checkpoint_is_damaged_resumes_from_the_one_before(ti
     metrics line left half-written: the resume warns once, starts from step 3 and logs what an
     uninterrupted run logs."""
     import rlvr.train.grpo as grpo
-    from rlvr.train import sources
 
     extra = {"checkpoint_every": 1, "keep_checkpoints": 3}
     grpo.run_grpo(_cfg(tiny_model_dir, tmp_path / "straight", steps=5, **extra), progress=False)
     crashed = _cfg(tiny_model_dir, tmp_path / "crashed", steps=5, **extra)
-    real_rollout = sources.rollout
-
-    def rollout_then_die(run, tasks, policy_version):
-        if policy_version == 4:
-            raise KeyboardInterrupt
-        return real_rollout(run, tasks, policy_version)
-
-    monkeypatch.setattr(sources, "rollout", rollout_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        grpo.run_grpo(crashed, progress=False)
-    monkeypatch.setattr(sources, "rollout", real_rollout)
+    killed_at_rollout(crashed, monkeypatch, 4)
     weights = tmp_path / "crashed" / "checkpoints" / "step_4" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     with (tmp_path / "crashed" / "metrics.jsonl").open("a") as f:
@@ -211,10 +206,7 @@ def test_a_run_whose_newest_checkpoint_is_damaged_resumes_from_the_one_before(ti
     warned = [line for line in capsys.readouterr().err.splitlines() if "is damaged" in line]
     assert len(warned) == 1 and "step_4" in warned[0] and "model.safetensors" in warned[0]
 
-    def strip(rows):
-        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
-
-    straight, resumed = strip(read_metrics(tmp_path / "straight")), strip(read_metrics(tmp_path / "crashed"))
+    straight, resumed = without_times(read_metrics(tmp_path / "straight")), without_times(read_metrics(tmp_path / "crashed"))
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]
     assert json.dumps(straight, sort_keys=True) == json.dumps(resumed, sort_keys=True)
 

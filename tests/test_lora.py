@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from test_dpo import arithmetic_pairs
-from test_grpo import _cfg, digits  # noqa: F401  (digits: the autouse fixture registering test.digits)
+from test_grpo import _cfg, digits, killed_at_rollout, without_times  # noqa: F401  (digits: the autouse fixture registering test.digits)
 
 import rlvr.model.load as load_module
 import rlvr.tasks  # noqa: F401
@@ -31,7 +31,7 @@ from rlvr.model.lora import (
 )
 from rlvr.monitor.metrics import read_metrics
 from rlvr.rollout.engine import SamplingParams, generate
-from rlvr.train import dpo, grpo, sft, sources
+from rlvr.train import dpo, grpo, sft
 
 
 def _ids(tok, n=3, length=12, seed=0):
@@ -233,23 +233,9 @@ def test_killed_grpo_lora_run_resumes_to_same_metrics(tiny_model_dir, tmp_path, 
     straight = _grpo_cfg(tiny_model_dir, tmp_path / "straight", steps=4)
     grpo.run_grpo(straight, progress=False)
     crashed = _grpo_cfg(tiny_model_dir, tmp_path / "crashed", steps=4)
-    real_rollout = sources.rollout
-
-    def rollout_then_die(run, tasks, policy_version):
-        if policy_version == 3:  # step 4 starts: the newest checkpoint is step 2
-            raise KeyboardInterrupt
-        return real_rollout(run, tasks, policy_version)
-
-    monkeypatch.setattr(sources, "rollout", rollout_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        grpo.run_grpo(crashed, progress=False)
-    monkeypatch.setattr(sources, "rollout", real_rollout)
+    killed_at_rollout(crashed, monkeypatch, 3)  # step 4 starts: the newest checkpoint is step 2
     grpo.run_grpo(crashed, resume=True, progress=False)
-
-    def strip(rows):
-        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
-
-    a, b = strip(read_metrics(tmp_path / "straight")), strip(read_metrics(tmp_path / "crashed"))
+    a, b = without_times(read_metrics(tmp_path / "straight")), without_times(read_metrics(tmp_path / "crashed"))
     assert [r["step"] for r in b] == [1, 2, 3, 4]
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     fa, fb = load_file(tmp_path / "straight/final/model.safetensors"), load_file(tmp_path / "crashed/final/model.safetensors")
