@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from rlvr.atomic import write_text_atomic
 from rlvr.errors import UserError
 
 
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> None:
     if args.json:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result.to_dict(), indent=2))
+        write_text_atomic(out, json.dumps(result.to_dict(), indent=2))
         print(f"wrote {out}")
     holes = hole_lines(result)
     if holes:

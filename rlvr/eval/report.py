@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rlvr.atomic import write_text_atomic
 from rlvr.eval.evaluate import EvalConfig, evaluate
 from rlvr.eval.suites import fingerprint
 from rlvr.types import Task
@@ -37,5 +38,5 @@ def eval_report(model, tokenizer, tasks: list[Task], cfg: EvalConfig, *, seed: i
     if path is not None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2))
+        write_text_atomic(path, json.dumps(report, indent=2))
     return report

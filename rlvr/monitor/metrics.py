@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from rlvr.atomic import write_text_atomic
 from rlvr.errors import UserError
 from rlvr.monitor.trackers import Tracker
 
@@ -41,12 +41,7 @@ class MetricsLogger:
             self.path.write_text("")
             return
         kept = [line for line in self.path.read_text().splitlines() if _step_of(line) <= step]
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w") as f:
-            f.write("".join(line + "\n" for line in kept))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, "".join(line + "\n" for line in kept))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         clean = {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlvr.atomic import write_text_atomic
 from rlvr.config import check_choice, from_dict
 from rlvr.errors import ConfigError, UserError
 from rlvr.tasks.conversations import check_conversation
@@ -327,16 +327,4 @@ def write_pairs(path: str | Path, pairs: list[PreferencePair]) -> Path:
         if problem is not None:
             raise ValueError(f"{path}: pair {i} (id {pair.id!r}): {problem}")
         seen.add(pair.id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as f:
-            for pair in pairs:
-                f.write(json.dumps(pair_row(pair), ensure_ascii=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    return write_text_atomic(path, "".join(json.dumps(pair_row(pair), ensure_ascii=False) + "\n" for pair in pairs))

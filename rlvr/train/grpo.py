@@ -49,6 +49,7 @@ from rich.progress import Progress
 
 from rlvr.curriculum.plots import curriculum_plot
 from rlvr.eval.report import eval_report as write_eval_report
+from rlvr.atomic import write_text_atomic
 from rlvr.eval.suites import get_suite
 from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint
 from rlvr.monitor.alerts import RunStopped, read_alerts
@@ -135,7 +136,7 @@ def save_final_model(run: Run, cfg: GRPOConfig) -> None:
     """``final/`` (and the curriculum's report and plot)."""
     run.policy.save_final(run.dir / "final")
     if cfg.curriculum.enabled:
-        (run.dir / "curriculum.json").write_text(json.dumps(
+        write_text_atomic(run.dir / "curriculum.json", json.dumps(
             {"events": run.pool.events, "frontier": run.pool.frontier, "tasks": run.pool.task_report()}, indent=1))
         curriculum_plot(read_metrics(run.dir), run.dir / "plots" / "curriculum.png", read_alerts(run.dir))
 

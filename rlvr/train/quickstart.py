@@ -31,6 +31,7 @@ from rlvr.eval.evaluate import EvalConfig
 from rlvr.eval.report import eval_report
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.monitor.metrics import read_metrics
+from rlvr.atomic import write_text_atomic
 from rlvr.report import write_report
 from rlvr.sandbox.config import SandboxConfig, shared_sandbox
 from rlvr.tasks.base import DOMAINS as DOMAIN_REGISTRY
@@ -169,7 +170,7 @@ def run_stages(cfg: QuickstartConfig, out: Path, eval_device, *, resume: bool, c
     rl_eval = stage("eval_rl", lambda: run_eval(out / "grpo/final", "rl"))
 
     report = build_report(sft_eval, rl_eval, seconds, len(eval_tasks), disjointness, stage_evals)
-    (out / "report.json").write_text(json.dumps(report, indent=2))
+    write_text_atomic(out / "report.json", json.dumps(report, indent=2))
     plots.reward_curve(read_metrics(out / "grpo"), out / "plots" / "reward_curve.png")
     plots.before_after(report["domains"], out / "plots" / "eval_before_after.png")
     print_table(console, report, out)

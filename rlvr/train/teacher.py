@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr.config import check_choice, check_range
+from rlvr.config import check_choice
 from rlvr.errors import ConfigError
 from rlvr.model.load import ModelLoadConfig, load_model_and_tokenizer
 
