@@ -141,7 +141,7 @@ def cmd_sft(args) -> None:
     from rlvr.train.sft import SFTConfig, run_sft
 
     cfg = _load(SFTConfig, args)
-    print(json.dumps(run_sft(cfg), indent=2))
+    print(json.dumps(run_sft(cfg, resume=args.resume), indent=2))
     print(f"model: {cfg.out}/final")
 
 
@@ -480,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, fn, help_, resume in [
         ("quickstart", cmd_quickstart, "pretrain -> SFT -> eval -> GRPO -> eval -> report on the tiny default", True),
         ("pretrain", cmd_pretrain, "build the tokenizer and pretrain the tiny default model", True),
-        ("sft", cmd_sft, "supervised fine-tuning on chat pairs (loss on assistant tokens)", False),
+        ("sft", cmd_sft, "supervised fine-tuning on chat pairs (loss on assistant tokens)", True),
         ("train", cmd_train, "GRPO-family RL with verifiable rewards", True),
     ]:
         p = sub.add_parser(name, help=help_)

@@ -50,6 +50,34 @@ def test_quickstart_writes_report_plots_and_a_plain_hf_model(tmp_path, capsys):
     assert again["stage_seconds"]["pretrain"] == 0.0
 
 
+def test_quickstart_resume_continues_the_stage_it_stopped_in(tmp_path, monkeypatch):
+    """Stopped inside SFT's third step (checkpoints every step): ``resume`` reuses the pretrained
+    model, trains SFT's steps 3 and 4 only, and runs the stages after it."""
+    import rlvr.train.sft as sft
+    from rlvr.monitor.metrics import read_metrics
+
+    cfg = load_config(QuickstartConfig, None, TOY + [f"out={tmp_path}/qs", "sft.steps=4", "sft.checkpoint_every=1",
+                                                     "sft.log_every=1"])
+    real_step, calls, stop_at = sft.sft_step, [], [3]
+
+    def counted(*args, **kw):
+        calls.append(1)
+        if len(calls) == stop_at[0]:
+            raise KeyboardInterrupt
+        return real_step(*args, **kw)
+
+    monkeypatch.setattr(sft, "sft_step", counted)
+    with pytest.raises(KeyboardInterrupt):
+        run_quickstart(cfg)
+    calls.clear()
+    stop_at[0] = None
+    report = run_quickstart(cfg, resume=True)
+    assert len(calls) == 2  # steps 3 and 4
+    assert report["stage_seconds"]["pretrain"] == 0.0  # the pretrained model reused
+    assert [m["step"] for m in read_metrics(tmp_path / "qs" / "sft")] == [1, 2, 3, 4]
+    assert (tmp_path / "qs" / "grpo" / "final").is_dir() and "rl_pass@1" in report["domains"]["math.arith"]
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")
 def test_a_stage_device_this_machine_lacks_stops_the_quickstart_before_pretraining(tmp_path):
     from rlvr.errors import ConfigError

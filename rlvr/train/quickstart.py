@@ -144,7 +144,7 @@ def run_stages(cfg: QuickstartConfig, out: Path, eval_device, *, resume: bool, c
         shared_sandbox(cfg.grpo.sandbox, out)  # code answers of every stage run here
 
     sft = dataclasses.replace(cfg.sft, model=str(out / "pretrain/final"), out=str(out / "sft"))
-    stage("sft", lambda: run_sft(sft))
+    stage("sft", lambda: run_sft(sft, resume=resume))
 
     eval_tasks = generate_tasks(cfg.eval.domains, "eval", cfg.eval.tasks, seed=cfg.eval.seed, levels=cfg.eval.levels)
     grpo = dataclasses.replace(cfg.grpo, model=str(out / "sft/final"), out=str(out / "grpo"))

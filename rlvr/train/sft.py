@@ -37,7 +37,16 @@ from rlvr.tasks.sets import build_task_set, file_tasks
 from rlvr.tasks.validate import refuse_eval_tasks
 from rlvr.train.allocator import keep_freed_memory
 from rlvr.model.inputs import pad_right
-from rlvr.train.common import OptimConfig, build_optimizer, clip_and_step, prepare_run_dir, seed_everything
+from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint
+from rlvr.train.common import (
+    OptimConfig,
+    build_optimizer,
+    clip_and_step,
+    prepare_run_dir,
+    restore_training_state,
+    seed_everything,
+    training_state,
+)
 from rlvr.train.policy import Policy
 from rlvr.envs.base import EnvConfig, play
 from rlvr.envs.tokens import conversation_ids
@@ -81,6 +90,9 @@ class SFTConfig:
     """Optimizer and schedule."""
     log_every: int = 20
     """Log train/* every this many steps."""
+    checkpoint_every: int = 100
+    """Write a resumable checkpoint every this many steps and at the last (``--resume`` continues
+    from the newest; only it is kept)."""
     trackers: TrackerConfig = field(default_factory=TrackerConfig)
     """Experiment trackers beside metrics.jsonl and TensorBoard (rlvr.monitor.trackers): mlflow, wandb."""
     env: EnvConfig = field(default_factory=lambda: EnvConfig(max_turns=12, max_tokens=4096, max_context=4096))
@@ -97,6 +109,7 @@ class SFTConfig:
                               "'conversation_files' (--conversations)")
         check_range("sft.steps", self.steps, 1)
         check_range("sft.batch_size", self.batch_size, 1)
+        check_range("sft.checkpoint_every", self.checkpoint_every, 1)
 
 
 def build_examples(tokenizer, tasks: list[Task], *, env_cfg: EnvConfig | None = None, sandbox=None,
@@ -143,15 +156,52 @@ def demonstration_tasks(files: list[TaskFileConfig]) -> list[Task]:
     return tasks
 
 
-def run_sft(cfg: SFTConfig, *, progress: bool = True) -> dict:
+def run_sft(cfg: SFTConfig, *, resume: bool = False, progress: bool = True) -> dict:
+    """Supervised fine-tuning; ``resume``: continue from the newest complete checkpoint (weights or
+    adapter, optimizer, schedule, RNGs and the data order), the metrics cut back to it."""
     keep_freed_memory()
     seed_everything(cfg.seed)
     run_dir = prepare_run_dir(cfg.out, cfg)
     start = time.perf_counter()
     device = resolve_device("sft.device", cfg.device)
-    policy = Policy.load(cfg.model, cfg.lora, device=device, options=cfg.model_load)
+    ckpt = latest_checkpoint(run_dir) if resume else None
+    policy = Policy.load(cfg.model, cfg.lora, ckpt, device=device, options=cfg.model_load)
     model, tokenizer = policy.model, policy.tokenizer  # LoRA: only the adapters require grad
     model.train()
+    examples = sft_examples(cfg, run_dir, tokenizer, getattr(model.config, "max_position_embeddings", None))
+    opt, sched = build_optimizer(model, cfg.optim, cfg.steps)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    order = torch.randperm(len(examples), generator=gen).tolist()
+    first, cursor, loss_value = 1, 0, float("nan")
+    if ckpt is not None:
+        state = restore_training_state(ckpt, opt, sched, gen)
+        first, order, cursor, loss_value = state["step"] + 1, state["order"], state["cursor"], state["loss"]
+    logger = MetricsLogger(run_dir, resume_step=first - 1 if resume else None,
+                           trackers=open_trackers(cfg.trackers, run_dir, to_dict(cfg)))
+    with Progress(disable=not progress, transient=True) as bar:
+        job = bar.add_task("sft", total=cfg.steps, completed=first - 1)
+        for step in range(first, cfg.steps + 1):
+            if cursor + cfg.batch_size > len(order):
+                order, cursor = torch.randperm(len(examples), generator=gen).tolist(), 0
+            metrics = sft_step(model, [examples[i] for i in order[cursor: cursor + cfg.batch_size]], cfg, opt, sched,
+                               tokenizer.pad_token_id, device)
+            cursor += cfg.batch_size
+            loss_value = metrics["train/loss"]
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                logger.log(step, metrics)
+            if step % cfg.checkpoint_every == 0 or step == cfg.steps:  # the last: a resume after it only saves final/
+                save_checkpoint(run_dir, step, policy.checkpoint_module(), tokenizer,
+                                training_state(step, opt, sched, gen, order=order, cursor=cursor, loss=loss_value))
+                prune_checkpoints(run_dir, keep=1)
+            bar.update(job, advance=1, description=f"sft loss {loss_value:.3f}")
+    logger.close()
+    policy.save_final(run_dir / "final")
+    return {"loss": loss_value, "examples": len(examples), "seconds": time.perf_counter() - start}
+
+
+def sft_examples(cfg: SFTConfig, run_dir, tokenizer, max_len: int | None) -> list[tuple[list[int], list[int]]]:
+    """The demonstrations of ``cfg`` as (input ids, loss mask): built-in domains' train tasks, the
+    user's task files (multi-turn ones played in a sandbox) and conversation files."""
     tasks = build_task_set(cfg.domains, "train", cfg.train_tasks, seed=cfg.seed, levels=cfg.levels)
     tasks += demonstration_tasks(cfg.task_files)
     refuse_eval_tasks(tasks, [], allowed=cfg.allow_eval_tasks, key="allow_eval_tasks")
@@ -160,34 +210,17 @@ def run_sft(cfg: SFTConfig, *, progress: bool = True) -> dict:
         from rlvr.sandbox.config import shared_sandbox
 
         sandbox = shared_sandbox(cfg.sandbox, run_dir)
-    examples = build_examples(tokenizer, tasks, env_cfg=cfg.env, sandbox=sandbox,
-                              max_len=getattr(model.config, "max_position_embeddings", None))
-    examples += [conversation_ids(tokenizer, messages)
-                 for path in cfg.conversation_files for messages in load_conversations(path)]
-    opt, sched = build_optimizer(model, cfg.optim, cfg.steps)
-    logger = MetricsLogger(run_dir, trackers=open_trackers(cfg.trackers, run_dir, to_dict(cfg)))
-    gen = torch.Generator().manual_seed(cfg.seed)
-    order = torch.randperm(len(examples), generator=gen).tolist()
-    cursor, loss_value = 0, float("nan")
-    with Progress(disable=not progress, transient=True) as bar:
-        job = bar.add_task("sft", total=cfg.steps)
-        for step in range(1, cfg.steps + 1):
-            if cursor + cfg.batch_size > len(order):
-                order, cursor = torch.randperm(len(examples), generator=gen).tolist(), 0
-            rows = [examples[i] for i in order[cursor: cursor + cfg.batch_size]]
-            cursor += cfg.batch_size
-            ids = pad_right([r[0] for r in rows], tokenizer.pad_token_id, torch.long).to(device)
-            mask = pad_right([r[1] for r in rows], 0, torch.float32).to(device)
-            attn = pad_right([[1] * len(r[0]) for r in rows], 0, torch.long).to(device)
-            logits = model(input_ids=ids, attention_mask=attn).logits
-            loss = sft_loss(logits, ids, mask)
-            loss.backward()
-            grad_norm = clip_and_step(model, opt, sched, cfg.optim.grad_clip)
-            loss_value = loss.item()
-            if step % cfg.log_every == 0 or step == cfg.steps:
-                logger.log(step, {"train/loss": loss_value, "train/grad_norm": grad_norm,
-                                  "train/lr": sched.get_last_lr()[0]})
-            bar.update(job, advance=1, description=f"sft loss {loss_value:.3f}")
-    logger.close()
-    policy.save_final(run_dir / "final")
-    return {"loss": loss_value, "examples": len(examples), "seconds": time.perf_counter() - start}
+    examples = build_examples(tokenizer, tasks, env_cfg=cfg.env, sandbox=sandbox, max_len=max_len)
+    return examples + [conversation_ids(tokenizer, messages)
+                       for path in cfg.conversation_files for messages in load_conversations(path)]
+
+
+def sft_step(model, rows: list, cfg: SFTConfig, opt, sched, pad_token_id: int, device) -> dict[str, float]:
+    """One optimizer step of the token cross-entropy on the response tokens of ``rows``; its metrics."""
+    ids = pad_right([r[0] for r in rows], pad_token_id, torch.long).to(device)
+    mask = pad_right([r[1] for r in rows], 0, torch.float32).to(device)
+    attn = pad_right([[1] * len(r[0]) for r in rows], 0, torch.long).to(device)
+    loss = sft_loss(model(input_ids=ids, attention_mask=attn).logits, ids, mask)
+    loss.backward()
+    grad_norm = clip_and_step(model, opt, sched, cfg.optim.grad_clip)
+    return {"train/loss": loss.item(), "train/grad_norm": grad_norm, "train/lr": sched.get_last_lr()[0]}
