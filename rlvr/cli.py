@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -557,6 +558,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rlvr: interrupted; continue with --resume", file=sys.stderr)
         return 130
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        print(f"rlvr: error: no space left on device ({e.filename or e.strerror}); the newest complete checkpoint "
+              "is intact: free space, then continue with --resume", file=sys.stderr)
+        return 2
     return 0
 
 

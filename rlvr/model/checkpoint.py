@@ -37,6 +37,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from rlvr.faults import fault_point
+
 CHECKPOINTS = "checkpoints"
 MARKER = "COMPLETE"
 MANIFEST = "MANIFEST.json"
@@ -99,6 +101,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model: Any, tokenizer: Any, 
     tmp.mkdir()
     try:
         _save_hf(tmp, model, tokenizer)
+        fault_point("checkpoint")
         torch.save(state, tmp / TRAINER_STATE)
         if extra is not None:
             extra(tmp)
@@ -107,6 +110,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model: Any, tokenizer: Any, 
             f.write(f"{step}\n")
             f.flush()
             os.fsync(f.fileno())
+        fault_point("checkpoint_publish")
         _publish(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from rlvr.atomic import write_text_atomic
 from rlvr.errors import UserError
+from rlvr.faults import fault_point
 from rlvr.monitor.trackers import Tracker
 
 
@@ -45,8 +46,11 @@ class MetricsLogger:
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         clean = {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}
+        line = json.dumps({"step": step, **clean}) + "\n"
+        fault_point("metrics")
         with self.path.open("a") as f:
-            f.write(json.dumps({"step": step, **clean}) + "\n")
+            fault_point("metrics_line", before=lambda: (f.write(line[: len(line) // 2]), f.flush()))
+            f.write(line)
         if self._tb is not None:
             for k, v in clean.items():
                 if isinstance(v, float) and math.isfinite(v):

@@ -21,6 +21,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from rlvr.faults import fault_point
 from rlvr.rewards import score_all
 from rlvr.rollout.async_rollout import AsyncRollout, parity_kl
 from rlvr.rollout.engine import SamplingParams
@@ -121,6 +122,7 @@ def generation(run: Run, tokenizer, engine: RolloutEngine | None = None) -> Call
 
 def rollout(run: Run, tasks: list[Task], policy_version: int, engine: RolloutEngine | None = None) -> list[Episode]:
     """One batch of episodes from the trainer's model (or ``engine``), as the synchronous source makes it."""
+    fault_point("rollout")
     run.model.eval()
     with run.policy.sampling() as model:  # LoRA: the merged weights
         return generation(run, run.tokenizer, engine)(model, tasks, policy_version, run.envs, run.generator)
@@ -169,6 +171,7 @@ def mismatch_metric(run: Run, batch: RolloutBatch, train_metrics: dict, cfg: GRP
 
 def verify_and_reward(tasks: list[Task], episodes: list[Episode], cfg: GRPOConfig) -> list[Scored]:
     """The verify phase: each episode's verdict (``judge``) and its reward terms (``score_all``)."""
+    fault_point("verify")
     trajectories = [ep.trajectory for ep in episodes]
     matched = [tasks[traj.group_id] for traj in trajectories]
     return score_all(matched, judge(tasks, episodes), trajectories, cfg.reward, cfg.rollout.max_new_tokens)

@@ -28,6 +28,7 @@ from rlvr.algos.off_policy import correct_off_policy
 from rlvr.model.logprobs import sequence_logprobs
 from rlvr.rollout.engine import PRECISIONS, precision_autocast
 from rlvr.train.batching import select
+from rlvr.faults import fault_point
 from rlvr.train.common import clip_and_step
 from rlvr.train.compiled import compiled_layers
 from rlvr.train.distributed import all_reduce_grads, gather
@@ -71,6 +72,7 @@ def update(run: Run, p: Prepared, cfg: GRPOConfig) -> dict:
             if run.monitor.stops_on_nonfinite:  # before the step: NaN/inf never reaches the weights
                 run.monitor.guard_finite(run.step + 1, {"train/pg_loss": mini_loss, "train/grad_norm": grad_norm(run.model)},
                                          at_boundary="train/grad_norm" not in sums)
+            fault_point("optimizer_step")
             sums["train/grad_norm"].append(clip_and_step(run.model, run.optimizer, run.scheduler, cfg.optim.grad_clip))
     out = {k: sum(v) / len(v) for k, v in sums.items()}
     out["train/lr"] = run.scheduler.get_last_lr()[0]

@@ -1,0 +1,217 @@
+"""The fault-injection matrix: short GRPO and SFT jobs in child processes, each stopped by a fault
+(SIGKILL at a named point, a full disk, damaged files), then resumed; every row compared with an
+uninterrupted run of the same job.
+
+    python benchmarks/faults.py [--rows NAME ...] [--json PATH] [--work DIR]
+
+A row is a job (``grpo``: ``rlvr train`` with a random tiny Llama on a task file whose user reward
+varies from the first step, 6 steps, checkpoints every step; ``sft``: ``rlvr sft`` on
+``math.arith``, 8 steps, checkpoints every 2), a fault
+(``RLVR_FAULT=POINT@N:ACTION``, ``rlvr/faults.py``; or ``damage``: a file of the newest checkpoint
+truncated, or a metrics line cut short, after a kill) and what is expected: the child dies by
+SIGKILL (``kill``) or exits 2 with one ``rlvr: error: no space left on device`` line
+(``enospc``); then ``--resume`` (no fault) finishes the job. Reported per row, and asserted by
+``tests/test_faults.py``:
+
+- ``stopped_as_expected``: the exit status (and, for ENOSPC, the one-line error);
+- ``records_lost``: metrics rows of steps up to the newest complete checkpoint that the stopped run
+  had logged and that are missing or unreadable afterwards (expected 0);
+- ``recovered``: the resumed run finished (``final/`` written);
+- ``equal``: its per-step metrics (times aside) equal the uninterrupted run's.
+
+Everything runs with one thread and a fixed seed (the equality needs it); ``time/*`` metrics differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rlvr.monitor.metrics import read_metrics  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    job: str      # grpo | sft
+    fault: str    # RLVR_FAULT value, or "" (damage only)
+    expect: str   # kill | enospc
+    damage: str = ""  # after the stop: truncate_checkpoint | cut_metrics_line
+
+
+ROWS = [
+    Row("grpo kill in rollout", "grpo", "rollout@4:kill", "kill"),
+    Row("grpo kill in verify", "grpo", "verify@4:kill", "kill"),
+    Row("grpo kill before optimizer step", "grpo", "optimizer_step@4:kill", "kill"),
+    Row("grpo kill inside checkpoint write", "grpo", "checkpoint@3:kill", "kill"),
+    Row("grpo kill before checkpoint rename", "grpo", "checkpoint_publish@3:kill", "kill"),
+    Row("grpo kill mid metrics line", "grpo", "metrics_line@4:kill", "kill"),
+    Row("grpo full disk in checkpoint", "grpo", "checkpoint@3:enospc", "enospc"),
+    Row("grpo full disk in metrics", "grpo", "metrics@4:enospc", "enospc"),
+    Row("grpo newest checkpoint truncated", "grpo", "rollout@5:kill", "kill", damage="truncate_checkpoint"),
+    Row("grpo metrics line cut, then resumed", "grpo", "rollout@5:kill", "kill", damage="cut_metrics_line"),
+    Row("sft kill inside checkpoint write", "sft", "checkpoint@2:kill", "kill"),
+    Row("sft kill before checkpoint rename", "sft", "checkpoint_publish@2:kill", "kill"),
+    Row("sft full disk in checkpoint", "sft", "checkpoint@2:enospc", "enospc"),
+    Row("sft newest checkpoint truncated", "sft", "metrics@7:kill", "kill", damage="truncate_checkpoint"),
+]
+QUICK = ["grpo kill inside checkpoint write", "grpo full disk in checkpoint", "grpo newest checkpoint truncated"]
+"""The rows of the default test tier (the whole matrix runs in the slow tier)."""
+
+
+def tiny_model(directory: Path) -> str:
+    """A random tiny Llama with a tokenizer trained on the math corpus (as the tests build)."""
+    import rlvr.tasks  # noqa: F401
+    from rlvr.model.checkpoint import save_model_dir
+    from rlvr.model.tiny import TinyModelConfig, build_tiny_model
+    from rlvr.model.tokenizer import train_tokenizer
+    from rlvr.tasks.base import DOMAINS
+
+    docs = DOMAINS.get("math.arith").corpus(0, 200)
+    tokenizer = train_tokenizer(docs, vocab_size=320)
+    model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2,
+                                             intermediate_size=64), tokenizer, seed=0)
+    return str(save_model_dir(directory, model, tokenizer))
+
+
+def job_files(directory: Path) -> Path:
+    """The GRPO job's task file and reward: 12 prompts, reward = the share of digits in the
+    completion (it varies on a random model, so every step updates)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "digits.py").write_text(
+        "def digits(prompts, completions, **columns):\n"
+        "    return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]\n")
+    (directory / "tasks.jsonl").write_text("".join(json.dumps({"prompt": f"Write digits ({i})."}) + "\n"
+                                                   for i in range(12)))
+    return directory
+
+
+def command(job: str, model: str, out: Path, files: Path) -> list[str]:
+    if job == "grpo":
+        sets = ["steps=6", "checkpoint_every=1", "keep_checkpoints=3", "rollout.tasks_per_step=3",
+                "rollout.samples_per_task=4", "rollout.max_new_tokens=6", "optim.lr=1e-2", "optim.warmup_steps=0",
+                "save_trajectories_every=1"]
+        head = ["train", "--tasks", str(files / "tasks.jsonl"), "--reward", f"{files / 'digits.py'}:digits"]
+    else:
+        sets = ["steps=8", "checkpoint_every=2", "log_every=1", "domains=[math.arith]", "train_tasks=32",
+                "batch_size=8"]
+        head = ["sft"]
+    return [sys.executable, "-m", "rlvr.cli", *head, "--model", model, "--out", str(out),
+            *[a for s in sets for a in ("--set", s)]]
+
+
+def run_child(cmd: list[str], fault: str = "", resume: bool = False) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "RLVR_FAULT": fault}
+    return subprocess.run(cmd + (["--resume"] if resume else []), env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+
+
+def without_times(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def newest_checkpoint_step(out: Path) -> int:
+    from rlvr.model.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(out)
+    return int(ckpt.name.split("_")[1]) if ckpt else 0
+
+
+def damage(out: Path, how: str) -> None:
+    if how == "truncate_checkpoint":
+        from rlvr.model.checkpoint import latest_checkpoint
+
+        weights = latest_checkpoint(out) / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
+    elif how == "cut_metrics_line":
+        with (out / "metrics.jsonl").open("a") as f:
+            f.write('{"step": 99, "rollout/rew')
+
+
+def run_row(row: Row, model: str, work: Path, reference: dict[str, list[dict]]) -> dict:
+    out = work / row.name.replace(" ", "_")
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = command(row.job, model, out, work / "files")
+    start = time.perf_counter()
+    stopped = run_child(cmd, row.fault)
+    if row.expect == "kill":
+        as_expected = stopped.returncode == -signal.SIGKILL
+    else:
+        errors = [line for line in stopped.stderr.splitlines() if line.startswith("rlvr: error:")]
+        as_expected = stopped.returncode == 2 and len(errors) == 1 and "no space left on device" in errors[0]
+    checkpointed = newest_checkpoint_step(out)
+    logged = {r["step"]: r for r in without_times(read_metrics(out)) if r["step"] <= checkpointed}
+    if row.damage:
+        damage(out, row.damage)
+    resumed = run_child(cmd, resume=True)
+    after = without_times(read_metrics(out))
+    kept = {r["step"]: r for r in after}
+    lost = sum(1 for step, r in logged.items() if kept.get(step) != r)
+    return {"row": row.name, "job": row.job, "fault": row.fault or "-", "damage": row.damage or "-",
+            "stopped_as_expected": as_expected, "stop_exit": stopped.returncode,
+            "checkpoint_at_stop": checkpointed, "records_lost": lost,
+            "recovered": resumed.returncode == 0 and (out / "final").is_dir(),
+            "equal": after == reference[row.job], "seconds": round(time.perf_counter() - start, 1),
+            "stderr_tail": (stopped.stderr + resumed.stderr)[-600:] if resumed.returncode or not as_expected else ""}
+
+
+def run_matrix(names: list[str], work: Path) -> list[dict]:
+    model = tiny_model(work / "model")
+    job_files(work / "files")
+    rows = [r for r in ROWS if r.name in names]
+    reference = {}
+    for job in sorted({r.job for r in rows}):
+        out = work / f"reference_{job}"
+        shutil.rmtree(out, ignore_errors=True)
+        done = run_child(command(job, model, out, work / "files"))
+        if done.returncode != 0:
+            raise RuntimeError(f"the uninterrupted {job} run failed: {done.stderr[-2000:]}")
+        reference[job] = without_times(read_metrics(out))
+    return [run_row(r, model, work, reference) for r in rows]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", nargs="+", default=[r.name for r in ROWS], metavar="NAME",
+                        help="rows to run (default: all): " + "; ".join(r.name for r in ROWS))
+    parser.add_argument("--json", dest="json_path")
+    parser.add_argument("--work", help="directory for the runs (default: a temporary one, removed)")
+    args = parser.parse_args()
+    unknown = set(args.rows) - {r.name for r in ROWS}
+    if unknown:
+        parser.error(f"unknown rows: {sorted(unknown)}")
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="rlvr-faults-"))
+    try:
+        results = run_matrix(args.rows, work)
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"{'row':<40} {'stopped':>8} {'ckpt':>5} {'lost':>5} {'resumed':>8} {'equal':>6} {'s':>6}")
+    for r in results:
+        print(f"{r['row']:<40} {str(r['stopped_as_expected']):>8} {r['checkpoint_at_stop']:>5} "
+              f"{r['records_lost']:>5} {str(r['recovered']):>8} {str(r['equal']):>6} {r['seconds']:>6}")
+    ok = all(r["stopped_as_expected"] and r["recovered"] and r["equal"] and r["records_lost"] == 0 for r in results)
+    print(f"{sum(r['recovered'] and r['equal'] for r in results)} of {len(results)} rows recovered to the "
+          f"uninterrupted metrics; records lost: {sum(r['records_lost'] for r in results)}")
+    if args.json_path:
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_path).write_text(json.dumps({"rows": results, "all_recovered": ok,
+                                                    "matrix": [asdict(r) for r in ROWS if r.name in args.rows]},
+                                                   indent=2))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
