@@ -93,7 +93,8 @@ class DPOConfig:
     trackers: TrackerConfig = field(default_factory=TrackerConfig)
     """Experiment trackers beside metrics.jsonl and TensorBoard (rlvr.monitor.trackers): mlflow, wandb."""
     checkpoint_every: int = 50
-    """Write a resumable checkpoint every this many steps (``--resume`` continues from it)."""
+    """Write a resumable checkpoint every this many steps (``--resume`` continues from the newest;
+    the two newest are kept, so a damaged newest falls back to the one before)."""
 
     def __post_init__(self) -> None:
         check_device("dpo.device", self.device)
@@ -272,7 +273,7 @@ def run_dpo(cfg: DPOConfig, *, resume: bool = False, progress: bool = True) -> d
                 logger.log(step, metrics)
             if step % cfg.checkpoint_every == 0 and step < steps:
                 save_checkpoint(run_dir, step, policy.checkpoint_module(), tokenizer, training_state(step, opt, sched, gen))
-                prune_checkpoints(run_dir, keep=1)
+                prune_checkpoints(run_dir, keep=2)
             bar.update(job, advance=1, description=f"dpo loss {metrics['train/loss']:.3f}")
     logger.close()
     policy.save_final(run_dir / "final")

@@ -56,7 +56,8 @@ class PretrainConfig:
     trackers: TrackerConfig = field(default_factory=TrackerConfig)
     """Experiment trackers beside metrics.jsonl and TensorBoard (rlvr.monitor.trackers): mlflow, wandb."""
     checkpoint_every: int = 100
-    """Write a resumable checkpoint every this many steps (`--resume` continues from it)."""
+    """Write a resumable checkpoint every this many steps (`--resume` continues from the newest;
+    the two newest are kept, so a damaged newest falls back to the one before)."""
 
     def __post_init__(self) -> None:
         check_device("pretrain.device", self.device)
@@ -121,7 +122,7 @@ def run_pretrain(cfg: PretrainConfig, *, resume: bool = False, progress: bool = 
                                   "train/lr": sched.get_last_lr()[0]})
             if step % cfg.checkpoint_every == 0 and step < cfg.steps:
                 save_checkpoint(run_dir, step, model, tokenizer, training_state(step, opt, sched, gen))
-                prune_checkpoints(run_dir, keep=1)
+                prune_checkpoints(run_dir, keep=2)
             bar.update(job, advance=1, description=f"pretrain loss {loss_value:.3f}")
     logger.close()
     save_model_dir(run_dir / "final", model, tokenizer)

@@ -92,7 +92,7 @@ class SFTConfig:
     """Log train/* every this many steps."""
     checkpoint_every: int = 100
     """Write a resumable checkpoint every this many steps and at the last (``--resume`` continues
-    from the newest; only it is kept)."""
+    from the newest; the two newest are kept, so a damaged newest falls back to the one before)."""
     trackers: TrackerConfig = field(default_factory=TrackerConfig)
     """Experiment trackers beside metrics.jsonl and TensorBoard (rlvr.monitor.trackers): mlflow, wandb."""
     env: EnvConfig = field(default_factory=lambda: EnvConfig(max_turns=12, max_tokens=4096, max_context=4096))
@@ -192,7 +192,7 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False, progress: bool = True) -> d
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:  # the last: a resume after it only saves final/
                 save_checkpoint(run_dir, step, policy.checkpoint_module(), tokenizer,
                                 training_state(step, opt, sched, gen, order=order, cursor=cursor, loss=loss_value))
-                prune_checkpoints(run_dir, keep=1)
+                prune_checkpoints(run_dir, keep=2)
             bar.update(job, advance=1, description=f"sft loss {loss_value:.3f}")
     logger.close()
     policy.save_final(run_dir / "final")
