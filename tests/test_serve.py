@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -66,13 +67,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def rlvr_command() -> str:
+    """The ``rlvr`` console script of this environment: servers start the way the README shows."""
+    path = Path(sys.executable).parent / "rlvr"
+    assert path.is_file(), f"{path} is missing: install rlvr into this environment (make setup)"
+    return str(path)
+
+
 class Server:
     def __init__(self, model_dir: str, *flags: str):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # one torch thread each: two servers and the test process share the CPU cores
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "RLVR_ADMIN_TOKEN": ADMIN, "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "rlvr.serve.cli", "--model", model_dir, "--port",
+        self.proc = subprocess.Popen([rlvr_command(), "serve", "--model", model_dir, "--port",
                                       str(self.port), "--model-name", "tiny", "--device", "cpu", *flags],
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=60)
@@ -441,3 +449,29 @@ def test_fast_mode_serves_what_the_normal_mode_serves(servers, dirs):
         assert 0 < _metric(metrics, "rlvr_serve_spec_accepted_total") <= proposed
     finally:
         fast.stop()
+
+
+@pytest.mark.parametrize("broken", ["missing", "no_tokenizer", "bad_config"])
+def test_rlvr_serve_refuses_a_missing_or_broken_model_in_one_line(dirs, tmp_path, broken):
+    model = tmp_path / "model"
+    if broken != "missing":
+        shutil.copytree(dirs["tool"], model)
+        if broken == "no_tokenizer":
+            for name in ("tokenizer.json", "tokenizer_config.json"):
+                (model / name).unlink()
+        else:
+            (model / "config.json").write_text("{not json")
+    proc = subprocess.run([rlvr_command(), "serve", "--model", str(model), "--port", str(_free_port())],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(errors) == 1 and errors[0].startswith("rlvr: error: "), proc.stderr
+    assert str(model) in errors[0]
+
+
+def test_a_prompt_longer_than_the_context_is_a_400_naming_it(server):
+    status, body = http(server.url + "/v1/completions", {"model": "tiny", "prompt": "7 " * 5000, "max_tokens": 4})
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
+    assert body["error"]["param"] == "prompt" and "the context is" in body["error"]["message"]
+    status, body = http(server.url + "/v1/chat/completions",
+                        {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6})
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded" and body["error"]["param"] == "max_tokens"

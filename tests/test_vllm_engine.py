@@ -271,7 +271,7 @@ def fake_vllm(monkeypatch):
     return FakeLLM
 
 
-def test_vllm_engine_generates_with_trainer_logprobs_and_pushes_checked_by_the_canary(tiny_model_dir, fake_vllm):
+def test_vllm_stand_in_generates_with_trainer_logprobs_and_pushes_checked_by_the_canary(tiny_model_dir, fake_vllm):
     trainer, tok = load_model_and_tokenizer(tiny_model_dir)
     engine = ve.VLLMEngine(tiny_model_dir, ve.VLLMConfig(max_model_len=256), trainer, version=0, seed=3,
                            max_num_seqs=32)
@@ -313,7 +313,7 @@ def test_vllm_engine_generates_with_trainer_logprobs_and_pushes_checked_by_the_c
         engine.push(trainer, 2)
 
 
-def test_vllm_engine_of_a_resumed_run_starts_from_the_trainers_saved_weights(tiny_model_dir, tmp_path, fake_vllm):
+def test_vllm_stand_in_of_a_resumed_run_starts_from_the_trainers_saved_weights(tiny_model_dir, tmp_path, fake_vllm):
     from rlvr.train.grpo import RolloutConfig
 
     trainer, tok = load_model_and_tokenizer(tiny_model_dir)
@@ -331,7 +331,7 @@ def test_vllm_engine_of_a_resumed_run_starts_from_the_trainers_saved_weights(tin
     assert [m.kwargs["model"] for m in fake_vllm.made[1:]] == [tiny_model_dir] * 2
 
 
-def test_multi_turn_episodes_run_on_the_vllm_engine_token_faithfully(tiny_model_dir, fake_vllm):
+def test_multi_turn_episodes_run_on_the_vllm_stand_in_token_faithfully(tiny_model_dir, fake_vllm):
     """Episodes through the seam: each turn a new request (no K/V handed over), the policy's
     log-probs equal a fresh forward over the whole trajectory, the segments make its ids."""
     trainer, tok = load_model_and_tokenizer(tiny_model_dir)
@@ -360,7 +360,7 @@ def test_the_default_engine_through_the_seam_gives_the_same_episodes(tiny_model_
     assert runs[0][0] == runs[1][0] and torch.equal(runs[0][1], runs[1][1])
 
 
-def test_grpo_on_a_vllm_engine_pushes_after_each_update_and_logs_its_logprob_mismatch(tiny_model_dir, tmp_path,
+def test_grpo_on_the_vllm_stand_in_pushes_after_each_update_and_logs_its_logprob_mismatch(tiny_model_dir, tmp_path,
                                                                                      fake_vllm):
     """The whole trainer path of ``rollout.engine: vllm`` on FakeVLLM (registered under another
     name: the ``vllm`` entry refuses a CPU device): a push after every update, each batch from
