@@ -56,8 +56,12 @@ REQUIRE_STRICT_ENV = "RLVR_REQUIRE_STRICT_SANDBOX"
 STRICT_SKIP_REASONS = ("strict sandbox", "bubblewrap")  # bubblewrap: `make setup` installs it as root
 
 
+def _env_on(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
 def strict_sandbox_required() -> bool:
-    return os.environ.get(REQUIRE_STRICT_ENV, "").strip().lower() not in ("", "0", "false", "no")
+    return _env_on(REQUIRE_STRICT_ENV)
 
 
 def _sandbox_here() -> str:
@@ -81,13 +85,40 @@ def strict_sandbox_failure(reason: str) -> str | None:
             f"Unset {REQUIRE_STRICT_ENV} to let these tests skip.")
 
 
+# --- RLVR_FAIL_ON_SKIP: in CI, a skip is a failure unless it is on the written allow-list ---
+#
+# A test that skips because an optional dependency (ray, openai, fastapi, reasoning_gym, ...) is
+# missing proves nothing, and a green run hides it. With RLVR_FAIL_ON_SKIP=1 (`.ci/run` sets it)
+# every skip whose reason contains none of ALLOWED_SKIPS fails, naming the reason. Add an entry
+# only with the reason a reviewer would accept.
+
+FAIL_ON_SKIP_ENV = "RLVR_FAIL_ON_SKIP"
+ALLOWED_SKIPS = {  # a fragment of the skip reason -> why CI may skip it
+    "this machine has a GPU": "checks of what a CPU-only machine does; they run wherever CI has no GPU",
+}
+
+
+def unexpected_skip_failure(reason: str) -> str | None:
+    """The failure message for a skip that is not on ALLOWED_SKIPS (None: the skip may stay)."""
+    if not _env_on(FAIL_ON_SKIP_ENV) or any(fragment in reason for fragment in ALLOWED_SKIPS):
+        return None
+    return (f"{FAIL_ON_SKIP_ENV}=1: this test would skip ({reason}), and that skip is not on "
+            "tests/conftest.py's ALLOWED_SKIPS: install what it needs (`make setup` installs every "
+            "dependency the suite uses), or list the reason there with why CI may skip it.")
+
+
+def skip_failure(reason: str) -> str | None:
+    return strict_sandbox_failure(reason) or unexpected_skip_failure(reason)
+
+
 def _skip_reason(longrepr) -> str:
     reason = str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
     return reason.removeprefix("Skipped: ")
 
 
 class StrictSandboxMissing(pytest.Item):
-    """Stands in for a test module that skipped at import for want of a strict sandbox."""
+    """Stands in for a test module that skipped at import for want of a strict sandbox (or of
+    anything else, under RLVR_FAIL_ON_SKIP)."""
 
     def __init__(self, *, message: str, **kwargs):
         super().__init__(**kwargs)
@@ -104,7 +135,7 @@ class StrictSandboxMissing(pytest.Item):
 def pytest_runtest_makereport(item, call):
     report = yield
     if report.skipped and not hasattr(report, "wasxfail"):
-        message = strict_sandbox_failure(_skip_reason(report.longrepr))
+        message = skip_failure(_skip_reason(report.longrepr))
         if message:
             report.outcome, report.longrepr = "failed", message
     return report
@@ -114,11 +145,12 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     report = yield
     if report.skipped:
-        message = strict_sandbox_failure(_skip_reason(report.longrepr))
+        reason = _skip_reason(report.longrepr)
+        message = skip_failure(reason)
         if message:  # one failing test for the whole module, and the run goes on
             report.outcome, report.longrepr = "passed", None
-            report.result = [StrictSandboxMissing.from_parent(
-                collector, name="strict_sandbox_required", message=message)]
+            name = "strict_sandbox_required" if strict_sandbox_failure(reason) else "skip_not_allowed"
+            report.result = [StrictSandboxMissing.from_parent(collector, name=name, message=message)]
     return report
 
 

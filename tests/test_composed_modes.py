@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from procs import descendants, named
 
 from rlvr.config import load_config
 from rlvr.monitor.metrics import read_metrics
@@ -189,13 +190,9 @@ def _ray_run_losing_its_trainer(cfg) -> None:
         deadline = time.time() + 240
         while time.time() < deadline and not (out / "checkpoints" / f"step_{STOP_AFTER}").exists():
             time.sleep(0.05)
-        for entry in os.listdir("/proc"):
-            try:
-                if entry.isdigit() and Path(f"/proc/{entry}/cmdline").read_bytes().startswith(b"ray::TrainerActor"):
-                    os.kill(int(entry), signal.SIGKILL)
-                    killed.append(entry)
-            except OSError:
-                pass
+        for pid in named("ray::TrainerActor"):  # this session's Ray: the driver is this process
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
 
     killer = threading.Thread(target=kill_the_trainer, daemon=True)
     killer.start()
@@ -238,22 +235,6 @@ def test_distillation_on_ray_learns_and_resumes_as_the_in_process_run(cluster, t
 # --------------------------------------------------------------------------- torchrun
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        out += kids
-        todo += kids
-    return out
-
-
 def _torchrun(recipe: Path, model: str, out: Path, *flags: str, stop_after: int | None = None) -> None:
     """``rlvr train`` on 2 gloo processes; with ``stop_after``, the process group is SIGKILLed as soon
     as that step's checkpoint exists."""
@@ -269,7 +250,7 @@ def _torchrun(recipe: Path, model: str, out: Path, *flags: str, stop_after: int 
     deadline = time.time() + 300
     while proc.poll() is None and time.time() < deadline and not (out / "checkpoints" / f"step_{stop_after}").exists():
         time.sleep(0.01)
-    for pid in [proc.pid, *_descendants(proc.pid)]:  # torchrun starts its ranks in sessions of their own
+    for pid in [proc.pid, *descendants(proc.pid)]:  # torchrun starts its ranks in sessions of their own
         os.kill(pid, signal.SIGKILL)
     log = proc.communicate(timeout=60)[0]
     assert proc.returncode == -signal.SIGKILL, log[-4000:]

@@ -20,6 +20,7 @@ from rlvr.train import grpo  # noqa: E402
 from rlvr.train.ray_train import run_on_ray  # noqa: E402
 from rlvr.workers.events import read_events  # noqa: E402
 from rlvr.workers.group import ActorGroup  # noqa: E402
+from procs import named  # noqa: E402
 
 STEPS = 3
 
@@ -123,18 +124,6 @@ def test_a_worker_killed_mid_batch_is_replaced_and_every_trajectory_counted_once
                                                           ("replaced", "rollout"), ("replaced", "verifier")}
 
 
-def _pids_named(name: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if Path(f"/proc/{entry}/cmdline").read_bytes().startswith(name.encode()):
-                    found.append(int(entry))
-            except OSError:
-                pass
-    return found
-
-
 def test_a_lost_trainer_resumes_from_its_last_checkpoint(tiny_model_dir, local_run, tmp_path):
     out = tmp_path / "lost"
     killed: list[int] = []
@@ -143,7 +132,7 @@ def test_a_lost_trainer_resumes_from_its_last_checkpoint(tiny_model_dir, local_r
         deadline = time.time() + 240
         while time.time() < deadline and not (out / "checkpoints" / "step_1").exists():
             time.sleep(0.05)
-        for pid in _pids_named("ray::TrainerActor"):
+        for pid in named("ray::TrainerActor"):  # this session's Ray: the driver is this process
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
 
@@ -190,7 +179,8 @@ def test_the_canary_on_a_rollout_actor_refuses_weights_that_are_not_the_pushed_o
 
 
 def _sandbox_run_pids() -> list[int]:
-    """Processes running as a sandbox slot uid (``rlvr.sandbox.pool.UID_BASE`` ...): runs."""
+    """Processes running as a sandbox slot uid (``rlvr.sandbox.pool.UID_BASE`` ...): runs. The whole
+    machine, on purpose: a run that outlived its killed pool is an orphan, outside this process's tree."""
     from rlvr.sandbox.pool import UID_BASE, UID_COUNT
 
     found = []

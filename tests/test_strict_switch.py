@@ -1,6 +1,7 @@
 """RLVR_REQUIRE_STRICT_SANDBOX (tests/conftest.py): where CI expects a strict sandbox, the tests
 that would skip for want of one fail instead, with a message naming what is missing; unset, they
-skip. Run on a throwaway test tree, with this suite's own conftest, on a machine made to look as
+skip. RLVR_FAIL_ON_SKIP: every skip not on the conftest's ALLOWED_SKIPS fails (a missing optional
+dependency included). Run on a throwaway test tree, with this suite's own conftest, on a machine made to look as
 if it had no strict backend."""
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ NO_STRICT = detect.Capabilities(platform="linux", root=False, user_namespaces=Fa
 
 @pytest.fixture
 def tree(pytester, monkeypatch):
+    monkeypatch.delenv("RLVR_FAIL_ON_SKIP", raising=False)  # (CI sets it; its own tests are below)
     monkeypatch.setattr(detect, "capabilities", lambda: NO_STRICT)
     assert not detect.choose("auto").strict
     pytester.makeconftest(CONFTEST)
@@ -127,3 +129,56 @@ def test_switch_off_values(tree, monkeypatch):
     for value in ("0", "", "false"):
         monkeypatch.setenv("RLVR_REQUIRE_STRICT_SANDBOX", value)
         tree.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1, skipped=7, xfailed=1)
+
+
+OPTIONAL_DEPS = '''
+import pytest
+
+missing = pytest.importorskip("a_module_nobody_installed")
+
+
+def test_uses_it():
+    pass
+'''
+
+SKIPS = '''
+import pytest
+
+
+def test_without_a_dependency():
+    pytest.skip("openai is not installed")
+
+
+@pytest.mark.skipif(True, reason="this machine has a GPU")
+def test_allowed():
+    pass
+
+
+def test_plain():
+    pass
+'''
+
+
+@pytest.fixture
+def skip_tree(pytester, monkeypatch):
+    monkeypatch.delenv("RLVR_REQUIRE_STRICT_SANDBOX", raising=False)
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_optional=OPTIONAL_DEPS, test_skips=SKIPS)
+    return pytester
+
+
+def test_with_fail_on_skip_a_skip_off_the_allow_list_fails_naming_its_reason(skip_tree, monkeypatch):
+    monkeypatch.setenv("RLVR_FAIL_ON_SKIP", "1")
+    result = skip_tree.runpytest("-rsf", "-p", "no:cacheprovider")
+    # the module skipped at import -> one failing stand-in; the inline skip -> failed; the allowed one stays
+    result.assert_outcomes(passed=1, failed=2, skipped=1)
+    out = result.stdout.str()
+    assert "FAILED test_optional.py::skip_not_allowed" in out and "FAILED test_skips.py::test_without_a_dependency" in out
+    assert "a_module_nobody_installed" in out and "openai is not installed" in out
+    assert out.count("is not on tests/conftest.py's ALLOWED_SKIPS") >= 2
+    assert "SKIPPED [1] test_skips.py" in out and "this machine has a GPU" in out
+
+
+def test_without_fail_on_skip_they_skip(skip_tree, monkeypatch):
+    monkeypatch.delenv("RLVR_FAIL_ON_SKIP", raising=False)
+    skip_tree.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1, skipped=3)
