@@ -358,15 +358,15 @@ def test_client_disconnect_cancels(server):
     before = _metric(text, "rlvr_serve_generated_tokens_total")
     stream = server.client.completions.create(model="tiny", prompt=[5], max_tokens=250, temperature=0, stream=True,
                                               extra_body={"ignore_eos": True})
+    cancelled = _metric(text, "rlvr_serve_cancelled_total")
     next(iter(stream))
     stream.close()
-    end = time.monotonic() + 10
-    while time.monotonic() < end:
+    end = time.monotonic() + 30
+    while time.monotonic() < end:  # until the server has seen the disconnect (no fixed wait)
         _, text = http(server.url + "/metrics")
-        if _metric(text, "rlvr_serve_running") == 0:
+        if _metric(text, "rlvr_serve_cancelled_total") > cancelled and _metric(text, "rlvr_serve_running") == 0:
             break
-        time.sleep(0.05)
-    assert _metric(text, "rlvr_serve_running") == 0
+    assert _metric(text, "rlvr_serve_cancelled_total") == cancelled + 1 and _metric(text, "rlvr_serve_running") == 0
     assert _metric(text, "rlvr_serve_generated_tokens_total") - before < 250  # stopped before its length
 
 
@@ -393,19 +393,19 @@ def test_health_is_503_while_loading():
 
     from rlvr.serve.app import create_app
 
-    gate = threading.Event()
+    gate, failed = threading.Event(), threading.Event()
 
     def load():
         gate.wait(10)
         raise RuntimeError("no model here")
 
-    app = create_app(load, model_name="m")
+    app = create_app(load, model_name="m", on_load_error=lambda e: failed.set())
     with TestClient(app) as client:
         r = client.get("/health")
         assert r.status_code == 503 and r.json()["status"] == "loading"
         assert client.post("/v1/completions", json={"model": "m", "prompt": "x"}).status_code == 503
         gate.set()
-        time.sleep(0.2)
+        assert failed.wait(10)  # the load has failed and said so
         r = client.get("/health")
         assert r.status_code == 503 and "no model here" in r.json()["error"]
 

@@ -126,7 +126,8 @@ def test_queue_bound_cancel_and_context_limit(tokenizer):
         with pytest.raises(ValueError, match="max_tokens"):
             engine.submit(GenRequest(PROMPTS[0], 61))
         running = engine.submit(GenRequest(PROMPTS[0], 60, temperature=0, stop_token_ids=()))
-        time.sleep(0.05)
+        first = next(running.iter_sync(timeout=10))  # it has a row and decodes: the next one waits
+        assert first.token_id is not None and engine.stats()["running"] == 1
         waiting = engine.submit(GenRequest(PROMPTS[0], 60, stop_token_ids=()))
         with pytest.raises(QueueFull):
             engine.submit(GenRequest(PROMPTS[0], 60))
@@ -192,10 +193,9 @@ def test_api_key_guards_the_v1_endpoints(tokenizer):
     model = build("llama", tokenizer)
     app = create_app(lambda: (Batcher(model, tokenizer, max_context=64), tokenizer), model_name="m", api_key="k")
     with TestClient(app) as client:
-        for _ in range(100):
-            if client.get("/health").status_code == 200:
-                break
-            time.sleep(0.05)
+        end = time.monotonic() + 10
+        while client.get("/health").status_code != 200 and time.monotonic() < end:
+            time.sleep(0.01)  # until the engine has loaded
         body = {"model": "m", "prompt": [5, 6], "max_tokens": 2}
         assert client.post("/v1/completions", json=body).status_code == 401
         assert client.get("/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401

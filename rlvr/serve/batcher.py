@@ -103,7 +103,7 @@ class Batcher(Intake):
         self.backend = "fast" if reason is None else "hf"
         self.rows = self._new_rows()
         self._running: list[_Running] = []
-        self.counters = {"steps": 0, "admitted": 0, "generated_tokens": 0, "prefix_cache_hits": 0}
+        self.counters = {"steps": 0, "admitted": 0, "generated_tokens": 0, "prefix_cache_hits": 0, "cancelled": 0}
         self._thread = threading.Thread(target=self._loop, name="rlvr-serve-batcher", daemon=True)
         self._thread.start()
 
@@ -172,6 +172,7 @@ class Batcher(Intake):
         while self._waiting and len(self._running) + len(admit) < self.max_batch:
             handle = self._waiting.popleft()
             if handle.cancelled:
+                self.counters["cancelled"] += 1
                 handle.put(TokenEvent(None, None, "abort", self._version))
             else:
                 admit.append(handle)
@@ -200,6 +201,7 @@ class Batcher(Intake):
         if len(keep) < len(self._running):
             for r in self._running:
                 if r.handle.cancelled:
+                    self.counters["cancelled"] += 1
                     r.handle.put(TokenEvent(None, None, "abort", self._version))
             self._remove(keep)
 

@@ -19,6 +19,7 @@ _ENGINE_GAUGES = {"running": "requests in the running batch (batch size)", "wait
                   "version": "weights version"}
 _ENGINE_COUNTERS = {"steps": "decode steps", "admitted": "requests admitted to the batch",
                     "generated_tokens": "tokens generated", "prefix_cache_hits": "prefix-cache hits",
+                    "cancelled": "requests cancelled before they finished (a client that disconnected)",
                     "prefix_cache_tokens_reused": "prompt tokens taken from the prefix cache",
                     "spec_proposed": "draft tokens proposed (speculative decoding)",
                     "spec_accepted": "draft tokens accepted (speculative decoding)"}
