@@ -188,8 +188,20 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     keys = [k for k in path.strip().split(".") if k]
     if not keys:
         raise ConfigError(f"override {text!r} has an empty key")
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {text!r}: the value is not valid YAML ({yaml_problem(e)}); quote it, "
+                          "e.g. --set 'key=\"...\"'") from None
     return keys, value
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error in one line: where (line, column, 1-based) and what."""
+    problem = getattr(e, "problem", None) or getattr(e, "context", None) or str(e).splitlines()[0]
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + " ".join(str(problem).split())
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -211,7 +223,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file '{path}' is not valid YAML: {e}") from None
+        raise ConfigError(f"config file '{path}' is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file '{path}' must hold a mapping at the top level")
     return data
