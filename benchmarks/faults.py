@@ -1,4 +1,4 @@
-"""The fault-injection matrix: short GRPO and SFT jobs in child processes, each stopped by a fault
+"""The fault-injection matrix: short GRPO, SFT and DPO jobs in child processes, each stopped by a fault
 (SIGKILL at a named point, a full disk, damaged files), then resumed; every row compared with an
 uninterrupted run of the same job.
 
@@ -6,7 +6,8 @@ uninterrupted run of the same job.
 
 A row is a job (``grpo``: ``rlvr train`` with a random tiny Llama on a task file whose user reward
 varies from the first step, 6 steps, checkpoints every step; ``sft``: ``rlvr sft`` on
-``math.arith``, 8 steps, checkpoints every 2), a fault
+``math.arith``, 8 steps, checkpoints every 2; ``dpo``: ``rlvr dpo`` on 16 arithmetic pairs, 8
+steps, checkpoints every 2), a fault
 (``RLVR_FAULT=POINT@N:ACTION``, ``rlvr/faults.py``; or ``damage``: a file of the newest checkpoint
 truncated, or a metrics line cut short, after a kill) and what is expected: the child dies by
 SIGKILL (``kill``) or exits 2 with one ``rlvr: error: no space left on device`` line
@@ -66,6 +67,9 @@ ROWS = [
     Row("sft kill before checkpoint rename", "sft", "checkpoint_publish@2:kill", "kill"),
     Row("sft full disk in checkpoint", "sft", "checkpoint@2:enospc", "enospc"),
     Row("sft newest checkpoint truncated", "sft", "metrics@7:kill", "kill", damage="truncate_checkpoint"),
+    Row("dpo kill inside checkpoint write", "dpo", "checkpoint@2:kill", "kill"),
+    Row("dpo full disk in checkpoint", "dpo", "checkpoint@2:enospc", "enospc"),
+    Row("dpo newest checkpoint truncated", "dpo", "metrics@7:kill", "kill", damage="truncate_checkpoint"),
 ]
 QUICK = ["grpo kill inside checkpoint write", "grpo full disk in checkpoint", "grpo newest checkpoint truncated"]
 """The rows of the default test tier (the whole matrix runs in the slow tier)."""
@@ -95,6 +99,15 @@ def job_files(directory: Path) -> Path:
         "    return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]\n")
     (directory / "tasks.jsonl").write_text("".join(json.dumps({"prompt": f"Write digits ({i})."}) + "\n"
                                                    for i in range(12)))
+    import rlvr.tasks  # noqa: F401
+    from rlvr.tasks.base import generate_tasks
+
+    pairs = []  # the DPO job's: a math.arith reference answer against the same with a wrong number
+    for i, t in enumerate(generate_tasks(["math.arith"], "train", 16, seed=0)):
+        answer = t.spec.payload["answer"]
+        wrong = t.reference.replace(str(answer), str(int(float(answer)) + 1 + i % 9))
+        pairs.append({"prompt": list(t.prompt), "chosen": t.reference, "rejected": wrong})
+    (directory / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
     return directory
 
 
@@ -104,10 +117,14 @@ def command(job: str, model: str, out: Path, files: Path) -> list[str]:
                 "rollout.samples_per_task=4", "rollout.max_new_tokens=6", "optim.lr=1e-2", "optim.warmup_steps=0",
                 "save_trajectories_every=1"]
         head = ["train", "--tasks", str(files / "tasks.jsonl"), "--reward", f"{files / 'digits.py'}:digits"]
-    else:
+    elif job == "sft":
         sets = ["steps=8", "checkpoint_every=2", "log_every=1", "domains=[math.arith]", "train_tasks=32",
                 "batch_size=8"]
         head = ["sft"]
+    else:  # dpo: 16 pairs, batches of 4, 2 epochs = 8 steps
+        sets = ["batch_size=4", "epochs=2", "checkpoint_every=2", "log_every=1", "optim.lr=3e-3",
+                "optim.warmup_steps=0"]
+        head = ["dpo", "--pairs", str(files / "pairs.jsonl")]
     return [sys.executable, "-m", "rlvr.cli", *head, "--model", model, "--out", str(out),
             *[a for s in sets for a in ("--set", s)]]
 
