@@ -7,6 +7,7 @@ Each hack's contract (applies somewhere, right shape, deterministic) is in tests
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -55,7 +56,19 @@ def test_no_hack_earns_reward_on_any_domain_or_verifier(sandbox, capsys, tmp_pat
     assert {c["hack"] for c in result["cells"]} == set(HACKS.names())  # every hack ran somewhere
     for outcome in OUTCOMES:
         assert f"reward.outcome = {outcome}" in out
-    assert "no hack earns reward" in out
+    # the counts: no cell is vacuous, every outcome judged the same attempts, every domain's own
+    # references earn reward (the positive control), and the summary line says what was run
+    assert all(c["attempts"] >= 1 for c in result["cells"])
+    per_outcome = {o: sorted((c["domain"], c["hack"], c["attempts"]) for c in result["cells"] if c["outcome"] == o)
+                   for o in OUTCOMES}
+    assert per_outcome["binary"] == per_outcome["score"]
+    assert set(result["controls"]) == set(result["domains"]) and result["unpaid_references"] == []
+    assert all(c["rewarded"] == c["references"] >= 1 for c in result["controls"].values())
+    attempts = sum(a for _, _, a in per_outcome["binary"])
+    references = sum(c["references"] for c in result["controls"].values())
+    assert references == result["tasks"]  # every audited task has a reference, and it was run
+    assert (f"no hack earns reward: {attempts} attempts on {result['tasks']} tasks of {len(result['domains'])} "
+            f"domains; all {references} task references do") in out
 
 
 # ---------------------------------------------------------------- the audit fails where it should
@@ -83,6 +96,33 @@ class WeakDomain(Domain):
         a, b = rng.randint(10, 99), rng.randint(10, 99)
         return Problem(key=f"{a}+{b}", prompt=f"Compute: {a} + {b}", spec=Spec("substring", {"answer": str(a + b)}),
                        reference=f"Answer: {a + b}")
+
+
+class RefuseAll(Substring):
+    """A verifier that refuses everything: no hack can earn reward, and neither can a right answer."""
+
+    name = "refuse_all"
+
+    def check(self, task: Task, completion: str) -> Verdict:
+        return Verdict(False, 0.0, "mismatch", {})
+
+
+class RefusingDomain(WeakDomain):
+    name = "weak.refusing"
+
+    def sample(self, level: int, rng: random.Random) -> Problem:
+        p = super().sample(level, rng)
+        return dataclasses.replace(p, spec=Spec("refuse_all", dict(p.spec.payload)))
+
+
+def test_a_verifier_that_refuses_right_answers_fails_the_audit_by_its_positive_control(capsys, tmp_path):
+    with VERIFIERS.temporary("refuse_all", RefuseAll()), DOMAINS.temporary("weak.refusing", RefusingDomain()):
+        code, out, err = run_cli(capsys, "--domains", "weak.refusing,math.arith", "--hacks", "several,empty",
+                                 "--json", str(tmp_path / "a.json"))
+    result = json.loads((tmp_path / "a.json").read_text())
+    assert code == 1 and result["holes"] == []  # an all-zero table, and still a failure
+    assert result["unpaid_references"] == ["weak.refusing"] and result["controls"]["math.arith"]["rewarded"] >= 1
+    assert "weak.refusing: only 0 of" in err and "refuses right answers" in err
 
 
 def test_a_weak_verifier_makes_the_audit_fail_naming_the_cell(capsys, tmp_path):

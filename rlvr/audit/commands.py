@@ -102,9 +102,16 @@ def run(args: argparse.Namespace) -> None:
         write_text_atomic(out, json.dumps(result.to_dict(), indent=2))
         print(f"wrote {out}")
     holes = hole_lines(result)
-    if holes:
-        for line in holes:
-            print(f"rlvr: audit: {line}", file=sys.stderr)
+    unpaid = result.unpaid_references()
+    for domain in unpaid:  # the positive control: an all-zero row proves nothing here
+        paid, n = result.controls[domain]
+        print(f"rlvr: audit: {domain}: only {paid} of {n} task references earn reward, so its zeros prove "
+              "nothing (a verifier that refuses right answers)", file=sys.stderr)
+    for line in holes:
+        print(f"rlvr: audit: {line}", file=sys.stderr)
+    if holes or unpaid:
         raise SystemExit(1)
     attempts = sum(c.attempts for (o, _, _), c in result.cells.items() if o == outcomes[0])
-    print(f"no hack earns reward: {attempts} attempts on {result.tasks} tasks of {len(result.domains)} domains")
+    references = sum(n for _, n in result.controls.values())
+    print(f"no hack earns reward: {attempts} attempts on {result.tasks} tasks of {len(result.domains)} domains; "
+          f"all {references} task references do")

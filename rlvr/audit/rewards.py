@@ -9,6 +9,12 @@ and ``rlvr.rewards.score_all``, the trainer's verify and reward phases, once per
 (``binary``, ``score``: partial credit). A cell of the table is the largest reward any attempt of
 one hack earned on one domain; any cell above 0 is a hole.
 
+The positive control: each task's own reference (its expert actions for a multi-turn task) is
+judged and rewarded the same way, beside the hacks. A domain whose references earn nothing would
+make an all-zero table prove nothing (a verifier that refuses everything); ``controls`` counts,
+per domain, the references rewarded under the first outcome, and ``unpaid_references`` names the
+domains where one was not.
+
 Code tasks run with their wall limit cut to ``CODE_TIMEOUT_S`` (a hack that sleeps costs that,
 not the task's 10 s); the environments keep their own limits.
 """
@@ -29,6 +35,7 @@ from rlvr.verifiers.base import VERIFIERS
 from rlvr.verifiers.judge import judge
 
 OUTCOMES = ("binary", "score")
+CONTROL = "(reference)"  # the positive control's row: each task's own reference
 CODE_TIMEOUT_S = 2.0
 EXCERPT = 160  # characters of an attempt kept in a report
 
@@ -52,6 +59,11 @@ class AuditResult:
     cells: dict[tuple[str, str, str], Cell] = field(default_factory=dict)  # (outcome, domain, hack)
     tasks: int = 0
     not_audited: list[str] = field(default_factory=list)  # verifiers with no task to audit them on
+    controls: dict[str, list[int]] = field(default_factory=dict)  # domain -> [references rewarded, with one]
+
+    def unpaid_references(self) -> list[str]:
+        """Domains where a task's own reference earned no reward (the positive control failed)."""
+        return [d for d, (paid, n) in sorted(self.controls.items()) if paid < n]
 
     def holes(self) -> list[tuple[str, str, str, Cell]]:
         """Every cell whose best reward is above 0, as (outcome, domain, hack, cell)."""
@@ -62,7 +74,9 @@ class AuditResult:
                  for (o, d, h), c in sorted(self.cells.items())]
         return {"outcomes": list(self.outcomes), "domains": self.domains, "hacks": self.hacks,
                 "tasks": self.tasks, "not_audited": self.not_audited, "cells": cells,
-                "holes": [f"{o} {d} {h}" for o, d, h, _ in self.holes()]}
+                "holes": [f"{o} {d} {h}" for o, d, h, _ in self.holes()],
+                "controls": {d: {"rewarded": p, "references": n} for d, (p, n) in sorted(self.controls.items())},
+                "unpaid_references": self.unpaid_references()}
 
 
 # ---------------------------------------------------------------- which tasks
@@ -158,6 +172,9 @@ def run_audit(tasks: list[Task], hacks: list[str] | None = None, outcomes: tuple
                                     f"{'multi' if task.multi_turn else 'single'}-turn task takes "
                                     f"{'a list of turns' if task.multi_turn else 'a completion (str)'}")
                 runs.append((task, name, attempt))
+        reference = list(task.actions) if task.multi_turn else task.reference
+        if reference:  # the positive control
+            runs.append((task, CONTROL, reference))
     cfg = env_cfg or EnvConfig()
     played = [i for i, (t, _, _) in enumerate(runs) if t.multi_turn]
     episodes: list[_Episode] = [_Episode(_trajectory(i, t, a)) for i, (t, _, a) in enumerate(runs)]
@@ -178,6 +195,11 @@ def run_audit(tasks: list[Task], hacks: list[str] | None = None, outcomes: tuple
         scored = score_all(run_tasks, verdicts, [ep.trajectory for ep in episodes],
                            RewardConfig(outcome=outcome), max_new_tokens=1)
         for (task, name, attempt), s in zip(runs, scored):
+            if name == CONTROL:
+                if outcome == outcomes[0]:
+                    paid = result.controls.setdefault(task.domain, [0, 0])
+                    paid[0], paid[1] = paid[0] + (s.reward > 0), paid[1] + 1
+                continue
             key = (outcome, task.domain, name)
             cell = result.cells.get(key)
             if cell is None or s.reward > cell.reward:
