@@ -94,3 +94,45 @@ def test_a_missing_browser_skips_saying_why_or_fails_where_ci_requires_it(monkey
     outcome = pytest.fail.Exception if required else pytest.skip.Exception
     with pytest.raises(outcome, match="no Chromium at /nonexistent/chromium"):
         _browser_or_skip()
+
+
+def test_the_report_of_a_real_tiny_run_renders_with_its_curves_and_trajectories(tmp_path):
+    """The report a real run wrote (the quickstart at toy budgets: pretrain, SFT, GRPO with
+    trajectories kept every step, evals), not a hand-made directory: no console error, nothing
+    fetched, the reward curve drawn through every logged step, the kept trajectories on the page."""
+    sync_playwright = _browser_or_skip()
+    import json
+
+    from rlvr.config import load_config
+    from rlvr.train.quickstart import QuickstartConfig, run_quickstart
+    from test_quickstart import TOY
+
+    cfg = load_config(QuickstartConfig, None, TOY + [f"out={tmp_path}/qs", "grpo.steps=4",
+                                                     "grpo.save_trajectories_every=1"])
+    run_quickstart(cfg)
+    report = tmp_path / "qs" / "report.html"
+    steps = [json.loads(line)["step"] for line in (tmp_path / "qs" / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+    errors: list[str] = []
+    requests: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("request", lambda req: requests.append(req.url))
+            page.goto(report.as_uri(), wait_until="load")
+            assert [u for u in requests if not u.startswith(("file:", "data:"))] == []
+            chart = page.locator("#chart-reward")
+            assert chart.is_visible() and chart.bounding_box()["width"] > 200
+            points = page.evaluate("document.querySelector('#chart-reward polyline').getAttribute('points')")
+            xs = [float(p.split(",")[0]) for p in points.split()]
+            assert len(xs) == len(steps) and xs == sorted(xs) and xs[-1] - xs[0] > 100, points  # a point a step
+            kept = page.locator("[id^='traj-']")
+            assert kept.count() == len(steps)  # the trajectories kept at every step
+            newest = kept.last
+            assert newest.is_visible() and newest.bounding_box()["height"] > 50  # the newest step is open
+        finally:
+            browser.close()
+    assert errors == []
