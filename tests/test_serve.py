@@ -75,8 +75,8 @@ def rlvr_command() -> str:
 
 
 class Server:
-    def __init__(self, model_dir: str, *flags: str):
-        self.port = _free_port()
+    def __init__(self, model_dir: str, *flags: str, port: int | None = None):
+        self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # one torch thread each: two servers and the test process share the CPU cores
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "RLVR_ADMIN_TOKEN": ADMIN, "OMP_NUM_THREADS": "1"}
@@ -475,3 +475,43 @@ def test_a_prompt_longer_than_the_context_is_a_400_naming_it(server):
     status, body = http(server.url + "/v1/chat/completions",
                         {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6})
     assert status == 400 and body["error"]["code"] == "context_length_exceeded" and body["error"]["param"] == "max_tokens"
+
+
+def test_a_server_killed_with_requests_in_flight_fails_them_fast_and_a_restart_serves(dirs):
+    """SIGKILL while 4 streams are mid-generation: every client gets an error at once (none hangs
+    to its timeout), nothing of the server outlives it, and a server started again on the same
+    port answers."""
+    import signal
+
+    from procs import descendants
+
+    server = Server(dirs["tool"], "--max-batch", "4")
+    try:
+        server.wait_ready()
+        streams = [server.client.completions.create(model="tiny", prompt=[5], max_tokens=250, temperature=0,
+                                                    stream=True, extra_body={"ignore_eos": True}) for _ in range(4)]
+        for s in streams:
+            next(iter(s))  # each is generating
+        family = [server.proc.pid, *descendants(server.proc.pid)]
+        start = time.monotonic()
+        os.kill(server.proc.pid, signal.SIGKILL)
+        outcomes = []
+        for s in streams:
+            try:
+                for _ in s:
+                    pass
+                outcomes.append("finished")
+            except Exception as e:  # noqa: BLE001 - what the openai client raises on a dropped connection
+                outcomes.append(type(e).__name__)
+        assert "finished" not in outcomes and time.monotonic() - start < 10, outcomes
+        server.proc.wait(timeout=10)
+        assert not [p for p in family if Path(f"/proc/{p}").exists() and
+                    Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"], family
+    finally:
+        server.stop()
+    again = Server(dirs["tool"], port=server.port)  # the same port: the killed one freed it
+    try:
+        again.wait_ready()
+        assert again.client.completions.create(model="tiny", prompt=[5], max_tokens=3).usage.completion_tokens == 3
+    finally:
+        again.stop()
