@@ -1,5 +1,7 @@
-"""The sandbox attack suite on this machine's default backend, plus controls showing that the
-judges do see an attack succeed when the same candidate program runs with no sandbox."""
+"""The sandbox attack suite on every strict backend this machine has (forkserver; bubblewrap, which
+`make setup` installs as root; forkserver-userns where unprivileged user namespaces exist), plus
+controls showing that the judges do see an attack succeed when the same candidate program runs
+with no sandbox."""
 
 from __future__ import annotations
 
@@ -25,9 +27,27 @@ BY_NAME = {a.name: a for a in ATTACKS}
 CORRECT_ADD = "def add(a, b):\n    return a + b\n"
 
 
-@pytest.fixture(scope="module")
-def sb():
-    with Sandbox(workers=2) as s:
+def _available(name: str) -> bool:
+    try:
+        choose(name)
+    except Exception:  # noqa: BLE001 - not on this machine
+        return False
+    return True
+
+
+# a missing backend skips with the reason the CI switches know: "bubblewrap" fails under
+# RLVR_REQUIRE_STRICT_SANDBOX; the user-namespace one is on ALLOWED_SKIPS (absent as root)
+BACKENDS = [pytest.param("forkserver", marks=pytest.mark.skipif(not _available("forkserver"),
+                                                                reason="no strict sandbox backend here (forkserver)")),
+            pytest.param("bwrap", marks=pytest.mark.skipif(not _available("bwrap"),
+                                                           reason="bubblewrap (as root) not available")),
+            pytest.param("forkserver-userns", marks=pytest.mark.skipif(not _available("forkserver-userns"),
+                                                                       reason="no forkserver-userns backend here"))]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def sb(request):
+    with Sandbox(workers=2, backend=request.param) as s:
         yield s
 
 
