@@ -176,6 +176,11 @@ def checkpoint_problem(ckpt_dir: str | Path) -> str | None:
     return None
 
 
+def has_checkpoint(run_dir: str | Path, step: int) -> bool:
+    """Whether the complete checkpoint of ``step`` exists (its marker; not read or verified)."""
+    return (Path(run_dir) / CHECKPOINTS / f"step_{step}" / MARKER).is_file()
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     """The complete checkpoint with the highest step whose files match its manifest, or None.
     A damaged one is skipped with one line on stderr naming it; the previous one is used."""

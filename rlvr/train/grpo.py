@@ -51,7 +51,7 @@ from rlvr.curriculum.plots import curriculum_plot
 from rlvr.eval.report import eval_report as write_eval_report
 from rlvr.atomic import write_text_atomic
 from rlvr.eval.suites import get_suite
-from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint
+from rlvr.model.checkpoint import has_checkpoint, prune_checkpoints, save_checkpoint
 from rlvr.monitor.alerts import RunStopped, read_alerts
 from rlvr.monitor.metrics import read_metrics
 from rlvr.train.common import Timer, training_state
@@ -168,8 +168,7 @@ def periodic_eval(run: Run, cfg: GRPOConfig, step: int) -> dict:
 def stopped(run: Run, cfg: GRPOConfig, stop: RunStopped) -> None:
     """A detector stopped the run (its alert and the step's trajectories are written): checkpoint
     the weights of the last finished step when they are intact and not saved yet, close the logs."""
-    latest = latest_checkpoint(run.dir)
-    if stop.checkpoint and run.step > 0 and (latest is None or latest.name != f"step_{run.step}"):
+    if stop.checkpoint and run.step > 0 and not has_checkpoint(run.dir, run.step):  # (no hashing: a name check)
         checkpoint(run, cfg)
     run.logger.close()
 
