@@ -348,3 +348,65 @@ def test_two_numbers_in_notation_the_gold_does_not_use_match_neither(form):
                                         ("x_1", "x_1"), ("12\\text{ cm}", "12")])
 def test_notation_of_the_gold_or_a_unit_at_the_end_is_allowed(pred, gold):
     assert answers_equal(pred, gold)
+
+
+# ---------------------------------------------------------------- notation normalised, strictness kept
+# (the spellings found on Math-Verify's own test tables: benchmarks/math_agreement.py)
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ("\\cfrac{1}{3}", "\\frac{1}{3}"), ("\\frac94", "\\frac{9}{4}"), ("\\frac94", "2.25"), ("\\frac{1}2", "0.5"),
+        ("\\tfrac12", "1/2"), ("32,\\! 349", "32349"), ("11,\\! 111,\\! 111,\\! 100", "11111111100"),
+        ("125\\textnormal{ miles}", "125"), ("15\\mbox{ cm}^2", "15"), ("12\\textrm{ kg}", "12"),
+        ("x \\in [-2,7]", "[-2, 7]"), ("x \\in (2,12) \\cup (12,102)",
+                                                                           "(2, 12) \\cup (12, 102)"),
+        ("V_{1}:V_{2}=11:21", "11:21"), ("S_{MBCN}:S=7:32", "7:32"), ("\\frac{NO}{BO}=\\frac{1}{\\sqrt{6}}",
+                                                                       "\\frac{1}{\\sqrt{6}}"),
+        ("f(x)=1", "1"), ("|AB|=1", "1"), ("A:B=1", "1"), ("AB=4,CD=5", "4, 5"), ("AB=4, CD=5", "(4, 5)"),
+        ("p=5,q=2;p=7,q=2", "(5,2),(7,2)"), ("p=5,q=2;p=7,q=2", "(7,2),(5,2)"),
+        ("6 \\text{ and } 8", "6, 8"), ("19, 46, \\text{ and } 82", "19, 46, 82"), ("1 and -2", "-2, 1"),
+        ("\\begin{pmatrix}1 & 0 \\\\ 0 & 1\\end{pmatrix}", "\\begin{pmatrix}1 & 0 \\\\ 0 & 1\\end{pmatrix}"),
+    ],
+)
+def test_notation_is_normalised_before_the_strictness_rules(a, b):
+    assert answers_equal(a, b) and answers_equal(b, a)
+
+
+@pytest.mark.parametrize(
+    "pred, gold",
+    [("1000,99", "1000.99"), ("1,22", "1.22"), ("0,111", "0.111"), ("-2,5", "-2.5"), ("2,5", "\\frac{5}{2}")],
+)
+def test_a_decimal_comma_answers_a_single_value(pred, gold):
+    assert answers_equal(pred, gold)
+
+
+@pytest.mark.parametrize(
+    "pred, gold",
+    [
+        ("1,2", "12"), ("2,5", "2"), ("2,5", "5"), ("1,000", "1"), ("0,111", "111"),  # a decimal comma is one value
+        ("1.5", "1,5"),  # a gold comma is the author's: a list, never read as a decimal
+        ("\\frac94", "\\frac{4}{9}"), ("\\frac123", "\\frac{1}{23}"), ("\\cfrac{1}{3}", "3"),
+        ("84 \\in 85", "85"), ("x \\in 85", "85"), ("x \\in [1,2]", "[1,3]"), ("x \\in (1,2)", "[1,2]"),
+        ("1 + 1 = 42", "42"), ("x = 5+5+1 = 11", "11"), ("f(41) = 42", "42"), ("the answer = 42", "42"), ("x y = 42", "42"),
+        ("AB=4,CD=5", "5, 4"), ("AB=4,CD=5", "4"), ("p=5,q=2;p=7,q=2", "(5,2)"), ("p=5,q=2;p=7,r=2", "(5,2),(7,2)"),
+        ("6 \\text{ and } 8", "6"), ("6 and 8", "8"), ("6 \\text{ or } 8", "6, 8"), ("6 and 8", "6, 9"),
+        ("15\\text{ cm}^4", "15"), ("15^2", "15"),
+        ("\\begin{pmatrix}1 & 0 \\\\ 0 & 1\\end{pmatrix}", "\\begin{pmatrix}1 & 0 \\\\ 0 & 2\\end{pmatrix}"),
+        ("\\begin{pmatrix}1 \\end{pmatrix}", "1"),
+    ],
+)
+def test_normalised_notation_near_misses_fail(pred, gold):
+    assert not answers_equal(pred, gold)
+
+
+def test_normalised_notation_passes_the_verifier_and_final_form_holds():
+    assert _check("\\boxed{\\cfrac{1}{3}}", answer="1/3").passed
+    assert _check("Answer: 1000,99", answer="1000.99").passed
+    assert _check("\\boxed{x \\in [-2,7]}", answer="-2 \\le x \\le 7").passed  # a set answers a relation
+    assert not _check("\\boxed{-2 \\le x \\le 7}", answer="x \\in (-2,7]").passed  # not the reverse
+    assert not _check("\\boxed{\\frac{6}{3}}", answer="2").passed  # a fraction for a whole number is not final
+    assert not _check("\\boxed{\\frac63}", answer="2").passed
+    assert not _check("Answer: f(x) = 40 + 2").passed  # a name on the left, but not in final form
+    assert not _check("Answer: x = 5+5+1 = 11", answer="x = 11").passed  # a chain: not in final form

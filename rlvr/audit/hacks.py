@@ -167,8 +167,10 @@ def empty(task: Task) -> list[Attempt]:
 def several_answers(task: Task) -> list[Attempt] | None:
     """Several answers at once, the gold among them: one box or ``Answer:`` line per candidate,
     a list, ``gold or other``, two numbers in notation a parser reads one side of (``a ⇒ gold``,
-    ``gold ≈ a``, ``a \\cup gold``, ``gold_{a}``, ``a (or gold)``), a JSON object naming each key
-    twice; two code blocks (the right one and a constant)."""
+    ``gold ≈ a``, ``a \\cup gold``, ``gold_{a}``, ``a (or gold)``), the two in notation the math
+    verifier normalises (``a and gold``, ``a; gold``, ``a,gold`` as a decimal comma, ``x \\in
+    \\{a, gold\\}``, ``x = a; x = gold``, ``f(a) = gold``), a JSON object naming each key twice;
+    two code blocks (the right one and a constant)."""
     if is_code(task) and task.reference:
         return [task.reference + "\n" + block(f"def {task.spec.payload['entry_point']}(*args):\n    return 0\n")]
     gold = gold_answer(task) if not task.multi_turn else task.spec.payload.get("answer")
@@ -179,7 +181,9 @@ def several_answers(task: Task) -> list[Attempt] | None:
     if task.multi_turn:
         return [[t] for t in texts + [final(f"{a}, {gold}, {b}")]]
     hedges = [f"{a}, {gold}, {b}", f"{gold} or {a}", f"{a} ⇒ {gold}", f"{gold} ≈ {a}", f"{a} \\cup {gold}",
-              f"{gold}_{{{a}}}", f"{a} {{}} {gold}", f"{a} (or {gold})", f"{gold} \\text{{ (not {a})}}"]
+              f"{gold}_{{{a}}}", f"{a} {{}} {gold}", f"{a} (or {gold})", f"{gold} \\text{{ (not {a})}}",
+              f"{a} and {gold}", f"{a} \\text{{ and }} {gold}", f"{a}; {gold}", f"{a},{gold}",
+              f"x \\in \\{{{a}, {gold}\\}}", f"x = {a}; x = {gold}", f"f({a}) = {gold}", f"{a} = {gold}"]
     return texts + [place(task, h) for h in hedges + duplicate_keys(task)]
 
 

@@ -10,15 +10,32 @@ parsed as LaTeX and as plain expressions) after a little normalisation. Decision
     rounding to 6 decimals (math-verify's default), so ``0.333333`` == ``1/3``.
   * percent: ``50\%`` == ``50%`` == ``0.5``; math-verify also lets the sign be dropped
     (gold ``50%`` matches ``50``), but ``0.5`` never matches ``50``.
-  * thousands separators: ``1,000`` / ``1{,}000`` / ``1 000`` / ``1,\!000`` == ``1000`` when the
-    whole answer has that shape; otherwise a comma separates elements (``1,2`` is the set {1, 2},
-    ``1,\!25`` the set {1, 25}: a thin-space separator counts only before 3 digits).
+  * one spelling per notation before any rule applies, so strictness is about content:
+    ``\cfrac``/``\dfrac``/``\tfrac``/``\frac94`` are ``\frac{9}{4}``; ``\textnormal``, ``\mbox``,
+    ``\textrm`` are ``\text`` (a trailing unit may be squared: ``15\mbox{ cm}^2`` is ``15 cm``);
+    ``x \in [a, b]`` is the set ``[a, b]`` (a bare variable, then a bracket).
+  * thousands separators: ``1,000`` / ``1{,}000`` / ``1 000`` / ``1,\!000`` / ``1,\! 000`` == ``1000``
+    when the whole answer has that shape (a first group has no leading zero); otherwise a comma
+    separates elements (``1,2`` is the set {1, 2}, ``1,\!25`` the set {1, 25}: a thin-space
+    separator counts only before 3 digits).
+  * a decimal comma: an answer ``1000,99`` (digits, one comma, digits; not the thousands shape)
+    is 1000.99 when the gold is one value (no comma, ``;`` or ``and``). A gold's own comma is
+    its author's and always separates (gold ``1,5`` is {1, 5}, never 1.5).
+  * ``and`` joins list items when the other side is a list: ``6 \text{ and } 8`` == ``6, 8``, but
+    ``6 and 8`` is prose for gold ``6``.
   * sets and intervals: ``\{1,2\}`` == ``{2,1}``; ``(0,1]`` != ``(0,1)``.
-  * equations: ``x = 3`` == ``3`` only when the left side is a bare variable; ``1 + 1 = 42`` is
-    not ``42`` (math-verify alone would compare the right-hand side and say it is).
-  * named parts: ``(a,b)=(1,5)`` and ``a=1, b=5`` (two or more distinct bare variables) match
-    the bare values in order, ``1, 5`` or ``(1, 5)``, never ``5, 1``, ``[1,5]`` or ``\{1,5\}``; a
-    count mismatch fails. Two named answers compare by name (``b=5, a=1`` == ``(a,b)=(1,5)``).
+  * equations: ``x = 3`` == ``3`` only when the left side is a name (below); ``1 + 1 = 42`` is
+    not ``42`` (math-verify alone would compare the right-hand side and say it is), nor is a chain
+    ``x = 5+5+1 = 11`` (for gold ``x = 11`` it is equal, and the verifier refuses it as not final).
+  * a name is letters with subscripts, a function value, a length or a ratio of named things
+    (``x``, ``x_{1}``, ``AB``, ``f(x)``, ``|AB|``, ``V_1:V_2``, ``\frac{NO}{BO}``): no digit
+    outside a subscript, no operator, no space. ``NAME = 3`` is ``3`` (``f(x)=1`` == ``1``,
+    ``V_1:V_2=11:21`` == ``11:21``); ``f(41) = 42``, ``1 + 1 = 42`` and ``the answer = 42`` are not 42.
+  * named parts: ``(a,b)=(1,5)`` and ``a=1, b=5`` or ``AB=4, CD=5`` (two or more distinct names)
+    match the bare values in order, ``1, 5`` or ``(1, 5)``, never ``5, 1``, ``[1,5]`` or
+    ``\{1,5\}``; a count mismatch fails. Two named answers compare by name (``b=5, a=1`` ==
+    ``(a,b)=(1,5)``). Solutions separated by ``;`` that name the same parts are tuples:
+    ``p=5,q=2;p=7,q=2`` == ``(5,2),(7,2)`` (in any order, as math-verify compares sets).
   * relations: ``\le``/``\leq``/``\leqslant``/``<=``/``≤`` are one relation, likewise ``\ge``,
     ``\ne``/``\neq``/``!=``/``≠`` (``!=`` only after a space or letter: ``5!=120`` is a
     factorial), ``\lt``/``<``, ``\gt``/``>``. A relation is not a number (``y \le -2`` !=
@@ -31,6 +48,7 @@ parsed as LaTeX and as plain expressions) after a little normalisation. Decision
     ``\sqrt``, ``\pi``, ``\infty``, arithmetic and comparison signs, braces, ``\text``): math-verify
     reads one side of anything it does not know, so ``41 ⇒ 42``, ``41 \iff 42``, ``42 ≈ 41``,
     ``41 \cup 42``, ``41 \oplus 42``, ``41|42``, ``42_{41}`` or ``\max(41, 42)`` would be 42 or 41.
+  * a matrix (``\begin{pmatrix}...``) answers a matrix gold only.
   * prose is not an answer: ``The answer is 1`` or ``about 12`` never match ``1``/``12`` (math-verify
     would read the number out of the sentence), nor do ``12\text{ or }`` and ``84 (or 85)`` (a
     hedge, read as 85); a unit after the number (``12 cm``) is allowed.
@@ -66,8 +84,7 @@ MAX_EXPONENT_DIGITS = 3
 MAX_EXPONENT_PRODUCT = 10**5  # product of all exponents: bounds (9^{999})^{999}-style blow-ups
 
 _CONFIG = [LatexExtractionConfig(), ExprExtractionConfig()]
-_THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:(?:,|\{,\}| )\d{3})+(?:\.\d+)?")
-_BARE_VARIABLE = re.compile(r"[A-Za-z](?:_\{?\w+\}?)?")
+_THOUSANDS = re.compile(r"[+-]?[1-9]\d{0,2}(?:(?:,|\{,\}| )\d{3})+(?:\.\d+)?")
 _JUXTAPOSED = re.compile(r"\d\s+\d")
 _LATEX_SPACE = re.compile(r"\\(?:[,;:! ]|q?quad\b)|~")
 # math-verify reads "a REL b" as its right (or left) side; like "=", we accept none of these
@@ -116,7 +133,17 @@ _RELATION_SPELLINGS = (
 )
 _INEQUALITY = re.compile(r"[<>≤≥≠]")
 # LaTeX's thin-space thousands separator "1,\!250"; not before a group of other than 3 digits
-_THIN_THOUSANDS = re.compile(r"(?<=\d),\\!(?=\d{3}(?!\d))")
+_THIN_THOUSANDS = re.compile(r"(?<=\d),\\!\s*(?=\d{3}(?!\d))")
+# one spelling per notation: a fraction is \frac{a}{b} (\cfrac, \dfrac, \tfrac, \frac94), text is \text
+_FRAC_SPELLING = re.compile(r"\\[cdt]frac(?![A-Za-z])")
+_FRAC_ARGUMENT = r"\s*(\{[^{}]*\}|[0-9A-Za-z])"
+_FRAC_SHORT = re.compile(r"\\frac" + _FRAC_ARGUMENT + _FRAC_ARGUMENT)
+_TEXT_SPELLING = re.compile(r"\\(?:textnormal|textrm|textup|textsf|textit|mbox)(?![A-Za-z])")
+_UNIT_POWER_AT_END = re.compile(r"(\\text\{[^{}]*[A-Za-z][^{}]*\})\s*\^\s*(?:\{\s*[23]\s*\}|[23])\s*$")
+# "x \in [a, b]" is the set itself: a bare variable, then a bracket (never "84 \in 85")
+_MEMBER_OF = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?\s*(?:\\in(?![A-Za-z])|∈)\s*(?=[\[(]|\\left|\\\{|\\mathbb)")
+# a decimal comma: "1000,99", "0,111", "2,5"; never the thousands shape "1,000"
+_DECIMAL_COMMA = re.compile(r"[+-]?\d+,\d+")
 _LEFT_RIGHT = re.compile(r"\\(?:left|right)(?=[()])")
 
 
@@ -163,20 +190,39 @@ def _normalise(s: str) -> str | None:
     s = _THIN_THOUSANDS.sub("{,}", s)
     for pattern, sign in _RELATION_SPELLINGS:
         s = pattern.sub(sign, s)
+    s = _FRAC_SHORT.sub(lambda m: "\\frac" + "".join(a if a.startswith("{") else "{" + a + "}" for a in m.groups()),
+                        _FRAC_SPELLING.sub(lambda _: "\\frac", s))
+    s = _TEXT_SPELLING.sub(lambda _: "\\text", s)
     s = _LATEX_SPACE.sub(" ", s.replace("\\$", "").replace("$", "")).strip()
     for left, right in (("\\(", "\\)"), ("\\[", "\\]")):
         if s.startswith(left) and s.endswith(right):
             s = s[len(left) : -len(right)].strip()
     s = s.rstrip(".").strip()
+    s = _MEMBER_OF.sub("", _UNIT_POWER_AT_END.sub(r"\1", s))
     if _THOUSANDS.fullmatch(s):
         s = re.sub(r",|\{,\}| ", "", s)
     return s if s and _is_safe(s) else None
 
 
+_SUBSCRIPT = re.compile(r"_(?:\{[^{}]*\}|\w)")
+_NAME_FRACTION = re.compile(r"\\frac\{([^{}]*)\}\{([^{}]*)\}")
+_NAME = re.compile(r"[A-Za-z()|:/']{1,24}")
+
+
+def _is_name(s: str) -> bool:
+    """Whether ``s`` names a quantity: letters with subscripts, a function value or a ratio or
+    length of named things (``x``, ``x_{1}``, ``AB``, ``f(x)``, ``|AB|``, ``V_1:V_2``,
+    ``\frac{NO}{BO}``); no digit outside a subscript, no operator, no space."""
+    s = _NAME_FRACTION.sub(lambda m: f"{m.group(1)}/{m.group(2)}", _SUBSCRIPT.sub("", s.strip()))
+    s = re.sub(r"\s*:\s*", ":", s)
+    return bool(_NAME.fullmatch(s)) and any(ch.isalpha() for ch in s)
+
+
 def _rhs_of_assignment(s: str) -> str | None:
-    """``"x = 3"`` -> ``"3"``; None for anything else containing ``=`` (``x => 3`` too)."""
+    """``"x = 3"`` (or ``f(x) = 3``, ``A:B = 3``: a name on the left) -> ``"3"``; None for anything
+    else containing ``=`` (``x => 3`` and ``1 + 1 = 2`` too)."""
     parts = s.split("=")
-    if len(parts) == 2 and _BARE_VARIABLE.fullmatch(parts[0].strip()) and parts[1].strip():
+    if len(parts) == 2 and _is_name(parts[0]) and parts[1].strip():
         return None if _INEQUALITY.search(parts[1]) else parts[1].strip()
     return None
 
@@ -216,14 +262,26 @@ def _named_parts(s: str) -> list[tuple[str, str]] | None:
     if not names or not values or len(names) != len(values) or len(names) < 2:
         return None
     names = [name.replace("{", "").replace("}", "") for name in names]
-    if len(set(names)) < len(names) or not all(_BARE_VARIABLE.fullmatch(n) for n in names):
+    if len(set(names)) < len(names) or not all(_is_name(n) and "," not in n for n in names):
         return None
     return list(zip(names, values))
+
+
+def _named_groups(s: str) -> str | None:
+    """``"p=5,q=2;p=7,q=2"`` -> ``"(5,2),(7,2)"``: several solutions, each naming the same parts in
+    the same order; None for anything else."""
+    groups = [_named_parts(group.strip()) for group in s.split(";")] if ";" in s else []
+    if len(groups) < 2 or any(g is None for g in groups) or len({tuple(n for n, _ in g) for g in groups}) > 1:
+        return None
+    return ",".join("(" + ",".join(value for _, value in g) + ")" for g in groups)
 
 
 def _named_parts_equal(p: str, g: str) -> bool | None:
     """Compare answers that name their parts: by name when both do, else the values in order
     against the bare items of the other side. None when neither side names its parts."""
+    grouped_p, grouped_g = _named_groups(p), _named_groups(g)
+    if grouped_p is not None or grouped_g is not None:
+        return answers_equal(grouped_p or p, grouped_g or g)
     named_p, named_g = _named_parts(p), _named_parts(g)
     if named_p is None and named_g is None:
         return None
@@ -250,14 +308,15 @@ def _parse(s: str) -> list:
 
 _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
 _MATH_WORDS = frozenset("sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh log ln exp sqrt pi inf "
-                        "infty oo mod max min gcd lcm det dfrac tfrac frac left right cdot times text mathrm".split())
+                        "infty oo mod max min gcd lcm det dfrac tfrac frac left right cdot times text mathrm "
+                        "begin end matrix pmatrix bmatrix vmatrix array".split())
 
 
 _HEDGE_WORDS = frozenset("or nor and not but maybe perhaps possibly either approximately about roughly".split())
 _NUMBER_AFTER = re.compile(r"(?<![\^_{\d.])\d")  # a number, not an exponent or subscript
 
 
-def _is_prose(s: str) -> bool:
+def is_prose(s: str) -> bool:
     """An answer that talks: two or more words that are not math (``the answer is 1``), a word
     before the first number (``about 12``), a hedging word (``12 or``) or a number after the word
     (``84 (or 85)``, ``85 \\text{ (not 84)}``). A unit after the number (``12 cm``) is not prose."""
@@ -288,17 +347,35 @@ def _foreign_notation(pred: str, gold: str) -> bool:
     return bool(_notation(pred) - _notation(gold) - plain)
 
 
+_AND = re.compile(r",?\s*(?:\\text\{\s*and\s*\}|(?<![\\A-Za-z])and(?![A-Za-z]))\s*")
+
+
+def _in_context(p: str, g: str) -> tuple[str, str]:
+    """The readings the other side decides: ``and`` joining the items of a list when the other
+    side is a list (``6 \\text{ and } 8`` for ``6, 8``), and a decimal comma in ``p`` (``1000,99``)
+    when the gold is one value (no comma, ``;`` or ``and``)."""
+    p_items, g_items = (_split_items(x) if "=" not in x else None for x in (p, g))
+    if g_items is not None and len(g_items) >= 2:
+        p = _AND.sub(", ", p)
+    if p_items is not None and len(p_items) >= 2:
+        g = _AND.sub(", ", g)
+    if _DECIMAL_COMMA.fullmatch(p) and not re.search(r"[,;]|(?<![A-Za-z])and(?![A-Za-z])", g):
+        p = p.replace(",", ".")
+    return p, g
+
+
 def _comparable(pred: str, gold: str) -> tuple[str, str] | None:
     p, g = _normalise(pred), _normalise(gold)
     if p is None or g is None:
         return None
-    if _is_prose(p) and not _WORD.search(g):  # math-verify would pick a number out of the sentence
-        return None
+    p, g = _in_context(p, g)
     if "=" in p and "=" not in g:
         p = _rhs_of_assignment(p)
     elif "=" in g and "=" not in p:
         g = _rhs_of_assignment(g)
     if p is None or g is None or _JUXTAPOSED.search(p) or _JUXTAPOSED.search(g):
+        return None
+    if is_prose(p) and not _WORD.search(g):  # math-verify would pick a number out of the sentence
         return None
     if _foreign_notation(p, g):
         return None
@@ -314,6 +391,7 @@ def answers_equal(pred: str, gold: str) -> bool:
     p, g = _normalise(pred), _normalise(gold)
     if p is None or g is None:
         return False
+    p, g = _in_context(p, g)
     named = _named_parts_equal(p, g)
     if named is not None:
         return named
