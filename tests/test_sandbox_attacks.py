@@ -1,11 +1,12 @@
 """The sandbox attack suite on every strict backend this machine has (forkserver; bubblewrap, which
 `make setup` installs as root; forkserver-userns where unprivileged user namespaces exist), plus
-controls showing that the judges do see an attack succeed when the same candidate program runs
-with no sandbox."""
+a positive control for every attack (``rlvr.sandbox.controls``): with its defence off the attack
+works, and its judge says so."""
 
 from __future__ import annotations
 
 import io
+import os
 
 import pytest
 
@@ -18,6 +19,7 @@ from rlvr.sandbox.attacks import (
     Context,
     run_unsandboxed,
 )
+from rlvr.sandbox.controls import CONTROLS, naive_verdict, run_control
 
 if not choose("auto").strict:
     pytest.skip(f"no strict sandbox backend here ({choose('auto').describe()})",
@@ -76,16 +78,30 @@ def test_attack_is_blocked(sb, ctx, attack):
 
 # ---- controls: the judges can fail ------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["tcp-localhost", "udp-localhost", "unix-socket",
-                                  "read-host-file", "write-outside", "leftover-daemon"])
-def test_judge_sees_the_attack_succeed_without_a_sandbox(name):
-    attack = BY_NAME[name]
+def test_every_attack_has_a_positive_control():
+    assert set(CONTROLS) == set(BY_NAME)
+
+
+@pytest.fixture(scope="module")
+def default_sb():
+    with Sandbox(workers=2) as s:
+        yield s
+
+
+@pytest.mark.parametrize("name", list(BY_NAME))
+def test_the_attack_works_and_its_judge_sees_it_with_the_defence_off(default_sb, name):
+    if name == "read-etc-shadow" and not os.access("/etc/shadow", os.R_OK):
+        pytest.skip("not root: /etc/shadow is unreadable here even without a sandbox")
     with Context() as c:  # its own: the unsandboxed run really does write and connect
-        result = run_unsandboxed(attack.program(c))
-        outcome = attack.judge(c, result)
+        outcome = run_control(default_sb, c, name)
         attacks.sweep(c.marker)
-        assert not c.found_files()
-    assert not outcome.blocked, f"judge missed an unsandboxed {name}: {outcome.detail}"
+    assert not outcome.blocked, f"{name} with its defence off was not seen to work: {outcome.detail}"
+
+
+def test_a_naive_harness_passes_no_honest_wrong_solution_and_every_right_one():
+    for judge in ("exit", "first", "nonce"):
+        assert not naive_verdict(attacks.WRONG_ADD, judge)[0]
+        assert naive_verdict(CORRECT_ADD, judge)[0] is (judge != "exit")  # a report is no exit-only pass
 
 
 def test_verdict_judges_accept_a_correct_solution(sb):

@@ -367,30 +367,37 @@ def _join(*parts: str) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def run_unsandboxed(program: str, timeout: float = 10.0) -> ExecResult:
-    """Run ``program`` with no sandbox (``python -c``), in a scratch directory, as an
-    ``ExecResult`` the judges can read. Output goes to files, so a daemon holding it open cannot
-    make this hang."""
+def run_unsandboxed(program: str, timeout: float = 10.0, cwd: str | None = None,
+                    shell_parent: bool = False) -> ExecResult:
+    """Run ``program`` with no sandbox (``python -c``), in a scratch directory (or ``cwd``), as an
+    ``ExecResult`` the judges can read, peak resident memory included. Output goes to files, so a
+    daemon holding it open cannot make this hang. ``shell_parent`` puts a ``sh`` between this
+    process and the program, so what the program does to its parent (``kill``, ``ptrace``,
+    ``/proc/<ppid>``) lands on that shell and never on the caller."""
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as cwd, tempfile.TemporaryFile() as out, \
+    argv = [sys.executable, "-c", program]
+    if shell_parent:
+        argv = ["sh", "-c", '"$@"; exit $?', "sh", *argv]  # "; exit": the shell stays the parent
+    with tempfile.TemporaryDirectory() as scratch, tempfile.TemporaryFile() as out, \
             tempfile.TemporaryFile() as err:
-        p = subprocess.Popen([sys.executable, "-c", program], cwd=cwd, stdin=subprocess.DEVNULL,
-                             stdout=out, stderr=err)
-        status = "ok"
-        try:
-            p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-            status = "timeout"
+        p = subprocess.Popen(argv, cwd=cwd or scratch, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        status, deadline = "ok", time.monotonic() + timeout
+        while not (reaped := os.wait4(p.pid, os.WNOHANG))[0]:
+            if time.monotonic() > deadline:
+                p.kill()
+                reaped, status = os.wait4(p.pid, 0), "timeout"
+                break
+            time.sleep(0.005)
+        _, wait_status, usage = reaped
+        code = p.returncode = os.waitstatus_to_exitcode(wait_status)  # reaped here, not by Popen
         out.seek(0)
         err.seek(0)
-        code = p.returncode
         return ExecResult(status=status, backend="none", exit_code=code if code >= 0 else None,
                           signal=-code if code < 0 else None,
                           stdout=out.read(1 << 16).decode("utf-8", "replace"),
                           stderr=err.read(1 << 16).decode("utf-8", "replace"),
-                          duration_s=time.perf_counter() - t0, report_ok=status == "ok")
+                          duration_s=time.perf_counter() - t0, report_ok=status == "ok",
+                          max_rss_kb=usage.ru_maxrss)
 
 
 def _timed(sb, job: Job) -> tuple[ExecResult, float]:
@@ -600,9 +607,9 @@ def _judge_project(ctx: Context, r: ExecResult) -> Outcome:
     path = _project_file()
     if path is None:
         return Outcome(True, "rlvr lives under the interpreter's prefix: nothing beside it")
-    with open(path, errors="replace") as f:
-        lines = sorted((line.strip() for line in f), key=len, reverse=True)
-    probe = lines[0][:60]
+    with open(path, errors="replace") as f:  # a line within what the program prints (200 chars)
+        head = f.read(150)
+    probe = max(head.splitlines()[:-1] or [head], key=len).strip()[:60]
     leaked = probe in r.stdout + r.stderr
     return Outcome(not leaked, _join(f"{path} {'READ' if leaked else 'not seen'} (the project "
                                      f"tree beside the rlvr package)", _said(r, 100)))
