@@ -24,6 +24,7 @@ does), or load models (``rlvr/model/load.py``; a checkpoint directory is a norma
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import random
@@ -102,6 +103,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model: Any, tokenizer: Any, 
     try:
         _save_hf(tmp, model, tokenizer)
         fault_point("checkpoint")
+        fault_point("checkpoint_mid_file", before=lambda: _write_half(tmp / TRAINER_STATE, state))
         torch.save(state, tmp / TRAINER_STATE)
         if extra is not None:
             extra(tmp)
@@ -116,6 +118,16 @@ def save_checkpoint(run_dir: str | Path, step: int, model: Any, tokenizer: Any, 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def _write_half(path: Path, state: dict[str, Any]) -> None:
+    """The first half of ``state``'s file, as a write cut short leaves it (fault injection)."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    with open(path, "wb") as f:
+        f.write(buf.getvalue()[: buf.tell() // 2])
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _complete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:

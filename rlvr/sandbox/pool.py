@@ -39,6 +39,7 @@ import time
 import warnings
 
 from rlvr.errors import UserError
+from rlvr.faults import fault_point
 from rlvr.sandbox import detect, isolate
 from rlvr.sandbox.audit import AuditLog
 from rlvr.sandbox.cpu_use import cpu_ticks, run_members
@@ -233,6 +234,7 @@ class Sandbox:
         self._cpu_free = n  # CPU budget left: a run holds one unit unless it is seen waiting
         self._idle = self._starting = self._token_waiters = self._next = 0
         self._closed = False
+        self.worker_restarts = 0  # workers lost mid-run and replaced (each run retried once)
         self._grow_after = 0.0  # after an extra slot failed to start, no new ones until then
         self.peak_slots = 0
         for _ in range(n):
@@ -366,12 +368,16 @@ class Sandbox:
 
         def started(pid: int) -> None:  # a fresh process has used no CPU yet: the baseline
             slot.run_pid, slot.sample = pid, (slot.run_id, 0, time.monotonic())
+            fault_point("sandbox_run", victim=lambda: slot.worker.proc.pid)
 
-        try:
-            raw = slot.worker.call(job.untrusted_part(), trusted, started)
-        except (EOFError, BrokenPipeError, OSError) as e:
-            self._restart(slot)
-            raw = {"status": "error", "error": f"sandbox worker died: {e}"}
+        for attempt in (1, 2):  # a worker lost mid-run (killed, OOM) is the host's fault: run it once more
+            try:
+                raw = slot.worker.call(job.untrusted_part(), trusted, started)
+                break
+            except (EOFError, BrokenPipeError, OSError) as e:
+                self._restart(slot)
+                self.worker_restarts += 1
+                raw = {"status": "error", "error": f"sandbox worker died twice: {e}"}
         result = interpret(job, raw, nonce, self.backend.name)
         if self.audit:
             self.audit.write(job, result)

@@ -17,6 +17,8 @@ import itertools
 import time
 from collections.abc import Callable
 
+from rlvr.faults import armed, fault_point
+
 
 WAIT_WINDOW = 64
 
@@ -83,7 +85,10 @@ class ActorGroup:
         """(the call's object ref, (chunk, the actor running it))."""
         actor = self.actors[k % self.size]
         self.in_flight[k] = actor
-        return getattr(actor, method).remote(*chunk), (k, actor)
+        pid = actor.pid.remote() if armed("actor_chunk") else None  # asked first: answered before the chunk
+        ref = getattr(actor, method).remote(*chunk)
+        fault_point("actor_chunk", victim=lambda: self.ray.get(pid))
+        return ref, (k, actor)
 
     def _replace(self, slot: int, lost, error: Exception) -> None:
         """Replace the slot's actor if it is still the one that was lost (its other chunks fail
