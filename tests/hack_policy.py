@@ -73,8 +73,10 @@ HACKS = {"tampering": ("code", tampering), "literal_expected": ("code", literal_
 
 
 class HackPolicy:
-    def __init__(self, classes: list[str], *, from_step: int = 1) -> None:
-        self.classes, self.from_step = list(classes), from_step
+    def __init__(self, classes: list[str], *, from_step: int = 1, per_step: int = 1) -> None:
+        """``per_step``: samples of each class planted per step (in different groups), e.g. several
+        for a policy that has taken up the hack."""
+        self.classes, self.from_step, self.per_step = list(classes), from_step, per_step
         self.planted: dict[tuple[int, int], str] = {}
 
     def wrap(self, rollout):
@@ -84,7 +86,7 @@ class HackPolicy:
             if step < self.from_step:
                 return episodes
             used: set[int] = set()  # groups already given a hack this step
-            for k, name in enumerate(self.classes):
+            for k, name in enumerate(self.classes * self.per_step):
                 kind, make = HACKS[name]
                 candidates = [i for i, ep in enumerate(episodes)
                               if tasks[ep.trajectory.group_id].spec.kind == kind and ep.trajectory.group_id not in used]

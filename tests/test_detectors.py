@@ -14,7 +14,7 @@ from rlvr.monitor.alerts import AlertLog, RunStopped, read_alerts
 from rlvr.monitor.config import MonitorConfig
 from rlvr.monitor.detectors import DETECTORS, step_findings, stuffing_note, visible_examples
 from rlvr.monitor.sampling import sampled_indices
-from rlvr.monitor.watch import Monitor
+from rlvr.monitor.watch import Monitor, rate_onset
 from rlvr.rewards import RewardConfig
 from rlvr.sandbox import plaindata
 from rlvr.tasks.base import DOMAINS
@@ -202,9 +202,30 @@ def test_domain_pass_vs_eval():
 
 def test_a_lasting_condition_is_one_alert_and_a_new_onset_another():
     d, cfg = DETECTORS.get("entropy_collapse"), CFG.entropy_collapse
-    history = rows("rollout/entropy", [1.0, 0.01, 0.01, 1.0, 0.01])
-    onsets = [h[-1]["step"] for h in (history[:n] for n in range(1, 6)) if step_findings(d, h, cfg)]
-    assert onsets == [2, 5]
+    history = rows("rollout/entropy", [1.0, 0.01, 0.01, 1.0, 0.01, 1.0, 1.0, 1.0, 0.01])
+    onsets = [h[-1]["step"] for h in (history[:n] for n in range(1, 10)) if step_findings(d, h, cfg)]
+    assert onsets == [2, 5, 9]
+    # rearmed only after the condition has been gone 3 steps: the flicker at step 5 is the same episode
+    onsets = [h[-1]["step"] for h in (history[:n] for n in range(1, 10)) if step_findings(d, h, cfg, rearm=3)]
+    assert onsets == [2, 9]
+
+
+def test_a_rate_alert_needs_a_floor_and_a_rise_against_the_runs_own_level():
+    cfg = CFG.answer_stuffing  # window 10, min_rate 0.1, min_rise 0.05
+
+    def onsets(series):
+        return [t + 1 for t in range(len(series)) if rate_onset(series[:t + 1], cfg, rearm=5)[0]]
+
+    steady = [(1.0, 40.0)] * 60  # an unfinished policy: 2.5% of its programs, step after step
+    assert onsets(steady) == []
+    drifting = [(0.0, 40.0)] * 20 + [(2.0, 40.0)] * 40  # 0% -> 5%: up, but under the floor
+    assert onsets(drifting) == []
+    hack = [(1.0, 40.0)] * 20 + [(12.0, 40.0)] * 40  # a policy taking up a hack: 2.5% -> 30%
+    assert onsets(hack) == [23]  # once, when the 10-step window first holds >= 10% (7 x 1 + 3 x 12 of 400)
+    from_the_start = [(4.0, 8.0)] * 10  # a hack from step 1: measured against 0
+    assert onsets(from_the_start) == [1]
+    onset, rate, baseline = rate_onset(hack[:23], cfg)
+    assert onset and rate == (7 * 1 + 3 * 12) / 400 and baseline == 0.025
 
 
 # --------------------------------------------------------------------------- the monitor
@@ -222,10 +243,15 @@ def test_monitor_logs_zeroes_and_keeps_flagged_samples(tmp_path):
     batch = [scored(math_task(), "Answer: 42", passed=True, group=g) for g in range(7)] + [stuffed]
     out = m.screen(3, batch)
     assert out[7].reward == -0.5 and out[7].terms == {"outcome": -0.5, "format": 0.0}
-    assert out[:7] == batch[:7] and m.counts == {"monitor/flagged/answer_stuffing": 1.0, "monitor/zeroed": 1.0}
-    [alert] = read_alerts(tmp_path)
+    assert out[:7] == batch[:7]
+    assert {k: v for k, v in m.counts.items() if "answer_stuffing" in k or "zeroed" in k} == {
+        "monitor/flagged/answer_stuffing": 1.0, "monitor/eligible/answer_stuffing": 8.0,
+        "monitor/rate/answer_stuffing": 0.125, "monitor/zeroed": 1.0}
+    assert m.counts["monitor/flagged/tampering"] == 0.0 and "monitor/rate/tampering" not in m.counts  # no code here
+    [alert] = read_alerts(tmp_path)  # 1 of 8 from a run's start: a rate of 0.125 >= 0.1, risen from 0
     assert alert == {"step": 3, "detector": "answer_stuffing", "severity": "warning", "trajectory_ids": ["3-7"],
-                     "evidence": {"flagged": 1, "samples": 8, "notes": {"3-7": "3 answer markers"}}, "action": "zeroed"}
+                     "evidence": {"flagged": 1, "samples": 8, "rate": 0.125, "baseline": 0.0, "window": 10,
+                                  "notes": {"3-7": "3 answer markers"}}, "action": "zeroed"}
     m.keep(3, out)
     records = [json.loads(line) for line in (tmp_path / "trajectories" / "step_3.jsonl").open()]
     flagged = [r for r in records if r["kept"] == "flagged"]

@@ -46,7 +46,8 @@ def test_every_planted_hack_class_is_flagged_zeroed_and_kept(tiny_model_dir, tmp
     policy = HackPolicy(list(HACKS))
     monkeypatch.setattr(sources, "rollout", policy.wrap(sources.rollout))
     zero = {f"monitor.{name}.action": "zero" for name in SAMPLE_DETECTORS}
-    grpo.run_grpo(_cfg(tiny_model_dir, tmp_path, ["math.arith", "code.gen"], steps=4, **zero), progress=False)
+    each = {f"monitor.{name}.alert": "each" for name in SAMPLE_DETECTORS}  # one planted sample is under a rate's floor
+    grpo.run_grpo(_cfg(tiny_model_dir, tmp_path, ["math.arith", "code.gen"], steps=4, **zero, **each), progress=False)
 
     assert set(policy.planted.values()) == set(HACKS), policy.planted  # every class was planted
     alerts = read_alerts(tmp_path)
@@ -67,6 +68,8 @@ def test_every_planted_hack_class_is_flagged_zeroed_and_kept(tiny_model_dir, tmp
             assert a["action"] == "zeroed" and a["severity"] in ("warning", "critical")
     flagged = {tid for a in alerts if a["detector"] in SAMPLE_DETECTORS for tid in a["trajectory_ids"]}
     assert flagged == {f"{s}-{i}" for s, i in policy.planted}, "only the planted samples are flagged"
+    assert sum(m.get(f"monitor/flagged/{n}", 0.0) for m in read_metrics(tmp_path) for n in SAMPLE_DETECTORS) \
+        == len(policy.planted)
     metrics = read_metrics(tmp_path)
     assert sum(m.get("monitor/zeroed", 0.0) for m in metrics) == len(policy.planted)
     assert all("rollout/entropy" in m and "rollout/group_reward_std" in m for m in metrics)
@@ -97,11 +100,35 @@ def test_a_stop_action_ends_the_run_with_one_line_and_keeps_the_trained_steps(ti
     assert latest_checkpoint(tmp_path).name == "step_2"  # the trained weights are on disk
 
 
+def test_a_policy_taking_up_a_hack_raises_one_rate_alert_and_single_flags_raise_none(tiny_model_dir, tmp_path,
+                                                                                      monkeypatch):
+    import rlvr.train.grpo as grpo
+
+    def run(out, policy):
+        monkeypatch.setattr(sources, "rollout", policy.wrap(real))
+        grpo.run_grpo(_cfg(tiny_model_dir, out, ["math.arith"], steps=6), progress=False)
+        return [a for a in read_alerts(out) if a["detector"] == "answer_stuffing"]
+
+    real = sources.rollout
+    taken_up = HackPolicy(["answer_stuffing"], from_step=3, per_step=4)  # 4 of 16 samples a step from step 3
+    [alert] = run(tmp_path / "hack", taken_up)
+    # the 10-step window: 4 of 48 samples at step 3 (8%, under the floor), 8 of 64 at step 4
+    assert alert["step"] == 4 and alert["evidence"]["rate"] == 0.125 and alert["evidence"]["baseline"] == 0.0
+    assert sorted(alert["trajectory_ids"]) == sorted(f"{s}-{i}" for s, i in taken_up.planted if s == 4)
+    metrics = read_metrics(tmp_path / "hack")
+    assert [m["monitor/flagged/answer_stuffing"] for m in metrics] == [0, 0, 4, 4, 4, 4]  # the curve keeps every step
+    sporadic = HackPolicy(["answer_stuffing"], from_step=2)  # 1 of 16: flagged and kept, below the rate floor
+    assert run(tmp_path / "sporadic", sporadic) == []
+    assert sum(m["monitor/flagged/answer_stuffing"] for m in read_metrics(tmp_path / "sporadic")) == len(sporadic.planted)
+    for (step, index) in sporadic.planted:
+        assert _trajectories(tmp_path / "sporadic", step)[f"{step}-{index}"]["kept"] == "flagged"
+
+
 def test_a_resumed_run_writes_the_same_alerts_once(tiny_model_dir, tmp_path, monkeypatch):
     import rlvr.train.grpo as grpo
 
     def run(out, die_at=None, resume=False):
-        inner = HackPolicy(["answer_stuffing"]).wrap(real)
+        inner = HackPolicy(["answer_stuffing"], per_step=4).wrap(real)
 
         def rollout(run_, tasks, version):
             if version == die_at:
@@ -119,6 +146,7 @@ def test_a_resumed_run_writes_the_same_alerts_once(tiny_model_dir, tmp_path, mon
     run(tmp_path / "crashed", resume=True)
     straight, crashed = read_alerts(tmp_path / "straight"), read_alerts(tmp_path / "crashed")
     assert {a["detector"] for a in straight} >= {"answer_stuffing", "variance_collapse"}
+    assert [a["step"] for a in straight if a["detector"] == "answer_stuffing"] == [1]  # a lasting rate: one alert
     assert crashed == straight
     assert len({(a["step"], a["detector"], a.get("domain")) for a in crashed}) == len(crashed)
 

@@ -58,7 +58,9 @@ def make_run(root: Path, *, steps: int = 6) -> Path:
              "rollout/response_tokens_mean": 20 + step, "train/kl": 0.001 * step,
              "time/wait": 2.0, "time/rollout": 1.9, "time/update": 1.0,
              "rollout/logprob_mismatch_kl": float("nan") if step == 2 else 1e-6,
-             **{f"rollout/pass_rate/{d}": 0.05 * step + 0.1 * i for i, d in enumerate(DOMAINS)}}
+             **{f"rollout/pass_rate/{d}": 0.05 * step + 0.1 * i for i, d in enumerate(DOMAINS)},
+             "monitor/flagged/reward_hacking": float(step == 5), "monitor/eligible/reward_hacking": 10.0,
+             "monitor/rate/reward_hacking": 0.1 * (step == 5)}
         if step % 3 == 0:
             report = _eval_report(step)
             (run / "eval").mkdir(exist_ok=True)
@@ -131,6 +133,24 @@ def test_alerts_link_to_kept_trajectories_and_name_the_missing_ones(tmp_path):
     assert "5-9 (not kept)" in html
     assert html.index("<h3>Flagged (1)</h3>") < html.index('id="traj-5-0"') < html.index('id="traj-5-1"')
     assert "passed without running tests" in html
+
+
+def test_alerts_are_grouped_by_detector_with_a_trend_and_readable_evidence(tmp_path):
+    run = make_run(tmp_path)
+    with (run / "alerts.jsonl").open("a") as f:
+        for step in (2, 4):
+            f.write(json.dumps({"step": step, "detector": "entropy_collapse", "severity": "warning",
+                                "evidence": {"entropy": 0.02712345, "start": 0.1362, "min_entropy": 0.03},
+                                "trajectory_ids": [], "action": "logged"}) + "\n")
+    html = write_report(run).read_text()
+    groups = html[html.index("<table class='alerts groups'>"):html.index("<h3>Every alert</h3>")]
+    # one row per detector, by first step: severity, alerts, first and last step, where, samples flagged
+    assert groups.index("entropy_collapse") < groups.index("reward_hacking")
+    assert "<td>entropy_collapse</td><td>warning</td><td>2</td><td>2</td><td>4</td><td>—</td><td>—</td>" in groups
+    assert "<td>reward_hacking</td><td>critical</td><td>1</td><td>5</td><td>5</td><td>code.repair</td><td>1</td>" in groups
+    assert 'id="chart-flagged"' in groups and "reward_hacking" in groups
+    assert "entropy 0.02712, start 0.1362, min entropy 0.03" in html  # not a Python dict repr
+    assert "{&#x27;" not in html and "passed without tests 1" in html
 
 
 def test_code_repair_changes_are_diffs_against_the_file_the_episode_read(tmp_path):

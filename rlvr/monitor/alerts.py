@@ -1,6 +1,8 @@
 """Alerts of a run: one JSON line each in ``<run>/alerts.jsonl`` and one printed line.
 
-An alert is a dict with at least ``step``, ``detector``, ``severity`` and ``evidence``. The
+An alert is a dict with at least ``step``, ``detector``, ``severity`` and ``evidence``. Only a
+critical alert or one that stops the run is printed; the others are counted (``AlertLog.summary``,
+the trainer's progress line) and grouped by detector in the report. The
 detectors' alerts (``rlvr.monitor.detectors``, made by ``make_alert``) are exactly
 
     {"step": int, "detector": str, "severity": "info" | "warning" | "critical", "evidence": {...},
@@ -15,6 +17,7 @@ detector with action ``stop`` ends a run with, after its alert is written.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +57,7 @@ class AlertLog:
     def __init__(self, run_dir: str | Path, *, resume_step: int | None = None, echo=print) -> None:
         self.path = Path(run_dir) / "alerts.jsonl"
         self.echo = echo
+        self.counts: Counter = Counter()
         if resume_step is None:
             self.path.write_text("")
         elif self.path.exists():
@@ -62,12 +66,40 @@ class AlertLog:
             self.path.write_text("".join(line + "\n" for line in kept))
 
     def write(self, alert: dict) -> None:
+        """Append ``alert``; print it only when it is critical or stops the run (the others are
+        counted: ``summary``, the progress line)."""
         with self.path.open("a") as f:
             f.write(json.dumps(alert) + "\n")
-        if self.echo is not None:
-            evidence = ", ".join(f"{k}={v}" for k, v in alert.get("evidence", {}).items())
-            self.echo(f"[alert] step {alert['step']} {alert['detector']} ({alert['severity']}): "
-                      f"{alert.get('group', alert.get('domain', ''))} {evidence}; {alert.get('action', 'logged')}")
+        self.counts[alert["detector"]] += 1
+        if self.echo is not None and (alert.get("severity") == "critical" or alert.get("action") == "stopped"):
+            where = alert.get("group", alert.get("domain", ""))
+            self.echo(f"[alert] step {alert['step']} {alert['detector']} ({alert['severity']}){' ' + where if where else ''}: "
+                      f"{describe(alert.get('evidence', {}))}; {alert.get('action', 'logged')}")
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def summary(self) -> str:
+        """One line: how many alerts this process wrote, by detector, and where they are."""
+        if not self.total:
+            return f"alerts: none ({self.path})"
+        parts = ", ".join(f"{name} {n}" for name, n in self.counts.most_common())
+        return f"alerts: {self.total} ({parts}); {self.path}, grouped in the report"
+
+
+def describe(evidence: dict[str, Any]) -> str:
+    """Evidence as a reader wants it: ``key value`` pairs, numbers rounded, notes as ``id: note``."""
+    parts = []
+    for key, value in evidence.items():
+        if isinstance(value, dict):
+            value = "; ".join(f"{k}: {v}" for k, v in value.items())
+        elif isinstance(value, float):
+            value = f"{value:.4g}"
+        elif isinstance(value, list):
+            value = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in value)
+        parts.append(f"{key.replace('_', ' ')} {value}")
+    return ", ".join(parts)
 
 
 def read_alerts(run_dir: str | Path) -> list[dict]:

@@ -12,8 +12,16 @@ The trainer calls, each step (``rlvr.train.grpo.run_grpo``):
     monitor.keep(step, scored)              trajectories/step_N.jsonl: the sampled share + the flagged
 
 The history is the plain metrics rows (``time/*`` left out), rebuilt from ``metrics.jsonl`` on
-resume; detectors report conditions only on the step they begin (``step_findings``), so a resumed
-run writes no alert twice. Nothing else is kept between steps.
+resume; detectors report conditions only on the step they begin (``step_findings``; a condition
+must have been gone ``monitor.rearm_steps`` steps to alert again), so a resumed run writes no alert
+twice. Nothing else is kept between steps.
+
+Alerts are for changes worth a look. Every sample detector's flags are kept (trajectories) and
+counted each step (``monitor/flagged/<name>``, ``monitor/eligible/<name>``: the samples it looks at,
+``monitor/rate/<name>``); an alert follows its ``alert`` mode: ``each`` flagged step (``tampering``,
+a signature never normal), or ``rate`` (the others): the flagged share over a window reaching a floor
+and rising against the run's own lowest level (``rate_onset``). A ``stop`` action stops on the first
+flagged sample in either mode; ``zero`` zeroes every flagged sample.
 """
 
 from __future__ import annotations
@@ -31,6 +39,26 @@ from rlvr.types import Scored
 
 HISTORY = 1000  # metrics rows kept (the windows of the step detectors are far shorter)
 NOTES_IN_EVIDENCE = 5  # sample notes quoted in an alert's evidence (the trajectories hold them all)
+
+
+def rate_onset(series: list[tuple[float, float]], cfg, rearm: int = 1) -> tuple[bool, float, float]:
+    """A sample detector's rate condition (``SampleDetectorConfig``, mode ``rate``) over ``series``
+    (``(flagged, eligible)`` per step, this step last): ``(new onset, rate, baseline)``. The rate at
+    a step is flagged / eligible over the ``window`` steps ending there; the baseline its lowest
+    value at the steps before (0 at the first). An onset: true now, false at the ``rearm`` steps before."""
+    rates = []
+    for t in range(len(series)):
+        part = series[max(0, t - cfg.window + 1): t + 1]
+        total = sum(e for _, e in part)
+        rates.append(sum(f for f, _ in part) / total if total else 0.0)
+
+    def holds(t: int) -> bool:
+        base = min(rates[:t]) if t else 0.0
+        return rates[t] >= cfg.min_rate and rates[t] - base >= cfg.min_rise
+
+    t = len(rates) - 1
+    onset = holds(t) and not any(holds(t - k) for k in range(1, min(rearm, t) + 1))
+    return onset, rates[t], (min(rates[:t]) if t else 0.0)
 
 
 def history_row(step: int, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -76,17 +104,26 @@ class Monitor:
         for d in self.enabled("sample"):
             cfg = self.cfg.detector(d.name)
             notes = d.check(scored, cfg, self.code)
+            eligible = sum(1 for s in scored if d.eligible(s))
+            self.counts[f"monitor/flagged/{d.name}"] = float(len(notes))
+            self.counts[f"monitor/eligible/{d.name}"] = float(eligible)
+            if eligible:
+                self.counts[f"monitor/rate/{d.name}"] = len(notes) / eligible
             if not notes:
                 continue
-            ids = [trajectory_id(step, i) for i in sorted(notes)]
-            evidence = {"flagged": len(notes), "samples": len(scored),
-                        "notes": {trajectory_id(step, i): notes[i] for i in sorted(notes)[:NOTES_IN_EVIDENCE]}}
-            alert = make_alert(step, d.name, d.severity, evidence, ids, cfg.action)
-            self.alerts.write(alert)
             for i, note in notes.items():
                 self.flags.setdefault(i, []).append({"detector": d.name, "severity": d.severity, "note": note})
-            self.counts[f"monitor/flagged/{d.name}"] = float(len(notes))
             zero |= set(notes) if cfg.action == "zero" else set()
+            evidence = {"flagged": len(notes), "samples": eligible}
+            if cfg.alert == "rate":
+                onset, rate, baseline = rate_onset(self._flag_series(d.name), cfg, self.cfg.rearm_steps)
+                if not onset and cfg.action != "stop":
+                    continue  # flagged and counted, not (yet) a change worth an alert
+                evidence |= {"rate": round(rate, 4), "baseline": round(baseline, 4), "window": cfg.window}
+            evidence["notes"] = {trajectory_id(step, i): notes[i] for i in sorted(notes)[:NOTES_IN_EVIDENCE]}
+            ids = [trajectory_id(step, i) for i in sorted(notes)]
+            alert = make_alert(step, d.name, d.severity, evidence, ids, cfg.action)
+            self.alerts.write(alert)
             stops += [alert] if cfg.action == "stop" else []
         if zero:
             scored = [zeroed(s, self.reward) if i in zero else s for i, s in enumerate(scored)]
@@ -95,6 +132,12 @@ class Monitor:
             self.keep(step, scored)
             raise RunStopped(stops[0], self.alerts.path)
         return scored
+
+    def _flag_series(self, name: str) -> list[tuple[float, float]]:
+        """``(flagged, eligible)`` of detector ``name`` per step so far, this step's last."""
+        rows = self.history + [self.counts]
+        return [(float(r.get(f"monitor/flagged/{name}", 0.0)), float(r.get(f"monitor/eligible/{name}", 0.0)))
+                for r in rows]
 
     # ------------------------------------------------------------------ per step
 
@@ -105,7 +148,7 @@ class Monitor:
         stops = []
         for d in self.enabled("step"):
             cfg = self.cfg.detector(d.name)
-            for finding in step_findings(d, self.history, cfg):
+            for finding in step_findings(d, self.history, cfg, self.cfg.rearm_steps):
                 alert = make_alert(step, d.name, d.severity, finding.evidence, [], cfg.action, finding.domain)
                 self.alerts.write(alert)
                 stops += [alert] if cfg.action == "stop" else []

@@ -11,6 +11,7 @@ import base64
 import datetime as dt
 from html import escape
 
+from rlvr.monitor.alerts import describe
 from rlvr.report import charts
 from rlvr.report.build import RunData, names_with_prefix, select_trajectories, series
 from rlvr.report.conversation import render_trajectory
@@ -143,9 +144,40 @@ def _eval_row(name: str, cells: list[dict | None], kind: str) -> str:
     return f"<tr class='{kind}'><th>{name}</th><td>{n}</td>{''.join(cell(c) for c in cells)}</tr>"
 
 
+def alert_groups(data: RunData) -> str:
+    """One row per detector: severity, alerts, first and last step, where, the samples it flagged
+    over the run (its ``monitor/flagged/*`` curve), and the trend of its flagged share."""
+    groups: dict[str, list[dict]] = {}
+    for a in data.alerts:
+        groups.setdefault(str(a.get("detector", "")), []).append(a)
+    rows = []
+    for name, items in sorted(groups.items(), key=lambda kv: min(int(a.get("step", 0)) for a in kv[1])):
+        steps = [int(a.get("step", 0)) for a in items]
+        where = sorted({str(a.get("domain") or a.get("group")) for a in items if a.get("domain") or a.get("group")})
+        curve = series(data.metrics, f"monitor/flagged/{name}")
+        flagged = f"{sum(v for _, v in curve):g}" if curve else "—"
+        severity = escape(str(items[0].get("severity", "")))
+        rows.append(f"<tr class='sev-{severity}'><td>{escape(name)}</td><td>{severity}</td><td>{len(items)}</td>"
+                    f"<td>{min(steps)}</td><td>{max(steps)}</td><td>{escape(', '.join(where)) or '—'}</td>"
+                    f"<td>{flagged}</td></tr>")
+    table = ("<table class='alerts groups'><thead><tr><th>detector</th><th>severity</th><th>alerts</th>"
+             "<th>first step</th><th>last step</th><th>where</th><th>samples flagged (whole run)</th></tr></thead>"
+             "<tbody>" + "".join(rows) + "</tbody></table>")
+    return table + flagged_trend(data)
+
+
+def flagged_trend(data: RunData) -> str:
+    """The flagged share of each sample detector per step (its ``monitor/rate/*`` curve)."""
+    return charts.line_chart(
+        "chart-flagged", "Flagged share per sample detector",
+        {name.removeprefix("monitor/rate/"): series(data.metrics, name)
+         for name in names_with_prefix(data.metrics, "monitor/rate/")},
+        note="flagged / samples each detector looks at, per step; an alert needs a rise, not a level") or ""
+
+
 def alerts(data: RunData, shown: set[str]) -> str:
     if not data.alerts:
-        return "<p>No alerts were raised.</p>"
+        return "<p>No alerts were raised.</p>" + flagged_trend(data)
     kept = {t["id"] for t in data.trajectories}
     rows = []
     for a in data.alerts:
@@ -162,9 +194,10 @@ def alerts(data: RunData, shown: set[str]) -> str:
         rows.append(f"<tr class='sev-{escape(str(a.get('severity', '')))}'><td>{escape(str(a.get('step', '')))}</td>"
                     f"<td>{escape(str(a.get('detector', '')))}</td><td>{escape(str(a.get('severity', '')))}</td>"
                     f"<td>{escape(str(where))}</td>"
-                    f"<td>{escape(', '.join(f'{k}={v}' for k, v in evidence.items()))}</td>"
+                    f"<td>{escape(describe(evidence))}</td>"
                     f"<td>{escape(str(a.get('action', '')))}</td><td>{' '.join(links) or '—'}</td></tr>")
-    return ("<table class='alerts'><thead><tr><th>step</th><th>detector</th><th>severity</th><th>where</th>"
+    return (alert_groups(data) + "<h3>Every alert</h3>"
+            "<table class='alerts'><thead><tr><th>step</th><th>detector</th><th>severity</th><th>where</th>"
             "<th>evidence</th><th>action</th><th>trajectories</th></tr></thead><tbody>"
             + "".join(rows) + "</tbody></table>")
 

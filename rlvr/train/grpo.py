@@ -75,7 +75,8 @@ def run_grpo(cfg: GRPOConfig, *, resume: bool = False, progress: bool = True) ->
             job = bar.add_task("grpo", total=cfg.steps, completed=run.step)
             for step in range(run.step + 1, cfg.steps + 1):
                 metrics = train_step(run, source, cfg, step)
-                bar.update(job, advance=1, description=f"grpo reward {metrics['rollout/reward_mean']:.2f}")
+                bar.update(job, advance=1, description=f"grpo reward {metrics['rollout/reward_mean']:.2f} "
+                                                       f"alerts {run.alerts.total}")
     except RunStopped as stop:
         stopped(run, cfg, stop)
         raise
@@ -124,6 +125,7 @@ def finish(run: Run, cfg: GRPOConfig) -> dict:
         run.envs.close()
     if run.group.is_main:  # data parallel: the ranks' weights are the same, rank 0 writes them
         save_final_model(run, cfg)
+        print(f"grpo {run.alerts.summary()}")
     out = {"steps": cfg.steps, "seconds": time.perf_counter() - run.started}
     if cfg.eval.task_files:  # the user's held-out file: the final model's report
         report = eval_report(run, cfg, run.dir / "eval" / "final.json")
