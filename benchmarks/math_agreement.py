@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 

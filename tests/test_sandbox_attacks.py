@@ -120,7 +120,7 @@ def test_host_process_helpers_see_a_leftover():
         assert len(attacks.marker_pids(marker)) == 2
         assert attacks.sweep(marker)
         # killed daemons disappear; the grace only bounds the wait (it ends as soon as they are gone)
-        assert not attacks._still(lambda: attacks.marker_pids(marker), grace=30.0)
+        assert not attacks.still_alive(lambda: attacks.marker_pids(marker), grace=30.0)
 
 
 # ---- check() -------------------------------------------------------------------------------

@@ -275,7 +275,7 @@ def marker_pids(marker: str) -> list[int]:
     return out
 
 
-def _still(fn: Callable[[], list], grace: float = 3.0) -> list:
+def still_alive(fn: Callable[[], list], grace: float = 3.0) -> list:
     """``fn()`` once it stays non-empty for ``grace`` seconds, else [] (returns as soon as it is
     empty: a loaded machine may take a moment to reap what a run killed)."""
     deadline = time.monotonic() + grace
@@ -295,7 +295,7 @@ def sweep(marker: str) -> list[int]:
     return pids
 
 
-def _ns(pid: int, kind: str) -> str | None:
+def namespace_of(pid: int, kind: str) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/{kind}")
     except OSError:
@@ -332,7 +332,7 @@ class Watch:
                 if pid in table and table[pid]["tracer"]:
                     self.tracers[pid] = table[pid]["tracer"]
             for pid in below:
-                ns = _ns(pid, "user")
+                ns = namespace_of(pid, "user")
                 if ns:
                     self.user_ns.add(ns)
             if self.marker:
@@ -352,13 +352,13 @@ class Watch:
 
 # ---- running programs --------------------------------------------------------------------------
 
-def _src(template: str, **values) -> str:
+def fill_template(template: str, **values) -> str:
     for key, value in values.items():
         template = template.replace(f"__{key}__", repr(value))
     return template
 
 
-def _said(r: ExecResult, n: int = 160) -> str:
+def said(r: ExecResult, n: int = 160) -> str:
     text = " | ".join(line for line in (r.stdout or "").splitlines() if line.strip())
     return ("candidate says: " + text[:n] + ("…" if len(text) > n else "")) if text else ""
 
@@ -439,7 +439,7 @@ print("; ".join(log))
 
 def _judge_tcp(ctx: Context, r: ExecResult) -> Outcome:
     got = _drain(ctx.tcp)
-    return Outcome(not got, _join(f"host listener got {len(got)} connection(s)", _said(r)))
+    return Outcome(not got, _join(f"host listener got {len(got)} connection(s)", said(r)))
 
 
 UDP_PROG = r'''
@@ -459,7 +459,7 @@ print("; ".join(log))
 
 def _judge_udp(ctx: Context, r: ExecResult) -> Outcome:
     got = _drain(ctx.udp)
-    return Outcome(not got, _join(f"host socket got {len(got)} datagram(s)", _said(r)))
+    return Outcome(not got, _join(f"host socket got {len(got)} datagram(s)", said(r)))
 
 
 DNS_PROG = r'''
@@ -499,7 +499,7 @@ def _judge_dns(ctx: Context, r: ExecResult) -> Outcome:
     resolved = "RESOLVED" in r.stdout
     why = ("a lookup answered" if resolved else
            "every lookup failed" if done else f"the attempt did not finish ({r.status})")
-    return Outcome(done and not resolved, _join(why, _said(r).replace(ctx.marker + " done", "")))
+    return Outcome(done and not resolved, _join(why, said(r).replace(ctx.marker + " done", "")))
 
 
 UNIX_PROG = r'''
@@ -531,7 +531,7 @@ def _judge_unix(ctx: Context, r: ExecResult) -> Outcome:
     return Outcome(not path and not dgram and not abstract,
                    _join(f"host unix sockets (mode 777, in {ctx.host_dir}): stream got "
                          f"{len(path)} connection(s), datagram got {len(dgram)}; abstract "
-                         f"socket got {len(abstract)}", _said(r)))
+                         f"socket got {len(abstract)}", said(r)))
 
 
 # ---- 4-5 and extras: filesystem ----------------------------------------------------------------
@@ -572,7 +572,7 @@ def _judge_secret(ctx: Context, r: ExecResult) -> Outcome:
     text = r.stdout + r.stderr + repr(r.outputs or "")
     leaked = ctx.secret in text
     return Outcome(not leaked, _join(f"secret {'LEAKED' if leaked else 'not seen'} in the "
-                                     f"output ({ctx.secret_path}, mode 644)", _said(r, 120)))
+                                     f"output ({ctx.secret_path}, mode 644)", said(r, 120)))
 
 
 def _judge_shadow(ctx: Context, r: ExecResult) -> Outcome:
@@ -584,7 +584,7 @@ def _judge_shadow(ctx: Context, r: ExecResult) -> Outcome:
     except OSError:  # not root here: look for the format instead
         leaked = bool(re.search(r"^\w[\w.-]*:[^:\n]*:\d*:\d*:\d*:", text, re.MULTILINE))
     return Outcome(not leaked, _join(f"/etc/shadow {'LEAKED' if leaked else 'not seen'}",
-                                     _said(r, 120)))
+                                     said(r, 120)))
 
 
 def _project_file() -> str | None:
@@ -600,7 +600,7 @@ def _project_file() -> str | None:
 
 
 def _project_prog(ctx: Context) -> str:
-    return _src(READ_PROG, PATH=_project_file() or "/nonexistent")
+    return fill_template(READ_PROG, PATH=_project_file() or "/nonexistent")
 
 
 def _judge_project(ctx: Context, r: ExecResult) -> Outcome:
@@ -612,7 +612,7 @@ def _judge_project(ctx: Context, r: ExecResult) -> Outcome:
     probe = max(head.splitlines()[:-1] or [head], key=len).strip()[:60]
     leaked = probe in r.stdout + r.stderr
     return Outcome(not leaked, _join(f"{path} {'READ' if leaked else 'not seen'} (the project "
-                                     f"tree beside the rlvr package)", _said(r, 100)))
+                                     f"tree beside the rlvr package)", said(r, 100)))
 
 
 WRITE_PROG = r'''
@@ -660,7 +660,7 @@ def _judge_write(ctx: Context, r: ExecResult) -> Outcome:
     return Outcome(not found and not changed,
                    _join(f"{len(found)} file(s) appeared outside the workspace"
                          + (f" ({', '.join(found[:3])})" if found else "")
-                         + ("; host secret file CHANGED" if changed else ""), _said(r, 100)))
+                         + ("; host secret file CHANGED" if changed else ""), said(r, 100)))
 
 
 # ---- 6: tampering with the tests ---------------------------------------------------------------
@@ -710,7 +710,7 @@ TEST_FILE = "from sol import add\nassert add(1, 2) == 3, 'wrong answer'\nprint('
 
 def _tamper_test_file(sb, ctx: Context) -> Outcome:
     evil = f"EVIL TESTS RAN {ctx.marker}"
-    tamper = _src(TAMPER, EVIL=evil)
+    tamper = fill_template(TAMPER, EVIL=evil)
     # (a) files written into a fresh workspace; the worker hash-checks the protected one.
     job = Job.command(["python3", "-c", "import sol, runpy; runpy.run_path('test_sol.py')"],
                       files={"sol.py": tamper + WRONG_ADD, "test_sol.py": TEST_FILE},
@@ -742,8 +742,8 @@ def _tamper_test_file(sb, ctx: Context) -> Outcome:
     b_ok = r2.status != "error" and (unchanged or bool(r2.tampered))
     b = f"host workdir: file {'unchanged' if unchanged else 'CHANGED'}, tampered={r2.tampered}"
     shutil.rmtree(ws, ignore_errors=True)
-    said = _said(r2, 200).replace("candidate says: ", "")
-    return Outcome(a_ok and b_ok, _join(a, b, said))
+    told = said(r2, 200).replace("candidate says: ", "")
+    return Outcome(a_ok and b_ok, _join(a, b, told))
 
 
 TAMPER_MEMORY = r'''
@@ -782,7 +782,7 @@ print("found the tests:", hits[:8] or "nothing")
 def _tamper_tests_memory(sb, ctx: Context) -> Outcome:
     r = sb.run(Job.with_tests(TAMPER_MEMORY + WRONG_ADD, TESTS, "add", limits=Limits(wall_s=5)))
     return Outcome(not r.passed, _join(f"wrong solution passed={r.passed} "
-                                       f"({r.tests_passed}/{r.tests_total})", _said(r, 100)))
+                                       f"({r.tests_passed}/{r.tests_total})", said(r, 100)))
 
 
 # ---- 7-11 and 19: processes and resources ------------------------------------------------------
@@ -802,7 +802,7 @@ def _fork_bomb(sb, ctx: Context) -> Outcome:
     roots = worker_pids(sb)
     with Watch(roots, interval=0.05) as w:
         r, took = _timed(sb, Job.run_program(FORK_BOMB, limits=limits))
-    left = _still(lambda: descendants(roots))
+    left = still_alive(lambda: descendants(roots))
     uids = worker_uids(sb)
     uid_left = [p for p, i in proc_table().items() if i["uid"] in uids and i["state"] != "Z"]
     ended = took < limits.wall_s + 3
@@ -852,7 +852,7 @@ def _memory_bomb(sb, ctx: Context) -> Outcome:
     return Outcome(capped and r.status != "timeout" and r.status != "error",
                    _join(f"status {r.status} after {took:.1f}s; peak resident memory "
                          f"{rss_mb:.0f} MiB (limit {limits.memory_mb} MiB address space)",
-                         _said(r, 120)))
+                         said(r, 120)))
 
 
 LOOP_PROG = r'''
@@ -900,8 +900,8 @@ def _grandchild(sb, ctx: Context) -> Outcome:
     marker = ctx.marker + "-grandchild"
     limits = Limits(wall_s=1)
     with Watch(worker_pids(sb), marker=marker, interval=0.05) as w:
-        r, took = _timed(sb, Job.run_program(_src(GRANDCHILD_PROG, MARKER=marker), limits=limits))
-    left = _still(lambda: marker_pids(marker))
+        r, took = _timed(sb, Job.run_program(fill_template(GRANDCHILD_PROG, MARKER=marker), limits=limits))
+    left = still_alive(lambda: marker_pids(marker))
     sweep(marker)
     return Outcome(not left and r.status != "error",
                    f"run {r.status} after {took:.2f}s; grandchild seen during the run: "
@@ -921,12 +921,12 @@ DAEMON_WALL = 4.0
 
 
 def _daemon_prog(ctx: Context) -> str:
-    return _src(DAEMON_PROG, MARKER=ctx.marker + "-daemon")
+    return fill_template(DAEMON_PROG, MARKER=ctx.marker + "-daemon")
 
 
 def _judge_daemon(ctx: Context, r: ExecResult) -> Outcome:
     marker = ctx.marker + "-daemon"
-    left = _still(lambda: marker_pids(marker))
+    left = still_alive(lambda: marker_pids(marker))
     sweep(marker)
     quick = r.status != "timeout" and r.duration_s < DAEMON_WALL / 2
     return Outcome(not left and quick,
@@ -949,7 +949,7 @@ def _flood(sb, ctx: Context) -> Outcome:
     limits = Limits(wall_s=10)
     cap = limits.output_kb * 1024 + 4096 + 256
     t0 = time.perf_counter()
-    rs = sb.map([Job.run_program(_src(FLOOD_PROG, STREAM=s), limits=limits)
+    rs = sb.map([Job.run_program(fill_template(FLOOD_PROG, STREAM=s), limits=limits)
                  for s in ("stdout", "stderr")])
     took = time.perf_counter() - t0
     kept = max(len(rs[0].stdout), len(rs[1].stderr))
@@ -978,7 +978,7 @@ os.kill(os.getppid(), signal.SIGKILL)
 
 def _kill_parent(sb, ctx: Context) -> Outcome:
     before = worker_pids(sb)
-    prog = _src(KILL_PROG, TARGETS=before + [1] + _minus_one(sb))
+    prog = fill_template(KILL_PROG, TARGETS=before + [1] + _minus_one(sb))
     rs = sb.map([Job.run_program(prog, limits=Limits(wall_s=5)),
                  Job.with_tests(prog + WRONG_ADD, TESTS, "add", limits=Limits(wall_s=5))])
     alive = [w.proc.poll() is None for w in sb._workers]
@@ -989,7 +989,7 @@ def _kill_parent(sb, ctx: Context) -> Outcome:
     workers = "unchanged and alive" if after == before and all(alive) else "DIED/RESTARTED"
     return Outcome(blocked, f"workers {workers}; benign follow-up jobs "
                             f"{'ran fine' if fine else 'FAILED'}; "
-                            f"tests-job variant passed={rs[1].passed}; {_said(rs[0], 100)}")
+                            f"tests-job variant passed={rs[1].passed}; {said(rs[0], 100)}")
 
 
 SIGNAL_PROG = r'''
@@ -1021,14 +1021,14 @@ def _minus_one(sb) -> list[int]:
 def _signal_host(sb, ctx: Context) -> Outcome:
     uids = worker_uids(sb)
     victim = ctx.victim(uids[0] if uids else None)
-    prog = _src(SIGNAL_PROG, VICTIM=victim.pid, MINUS_ONE=bool(_minus_one(sb)))
+    prog = fill_template(SIGNAL_PROG, VICTIM=victim.pid, MINUS_ONE=bool(_minus_one(sb)))
     r = sb.run(Job.run_program(prog, limits=Limits(wall_s=5)))
     time.sleep(0.05)
     alive = victim.poll() is None
     ctx.release(victim)
     who = f"uid {uids[0]}, the sandbox's own" if uids and os.geteuid() == 0 else "this user"
     return Outcome(alive, _join(f"host process {victim.pid} ({who}) "
-                                f"{'unaffected' if alive else 'KILLED'}", _said(r, 120)))
+                                f"{'unaffected' if alive else 'KILLED'}", said(r, 120)))
 
 
 PTRACE_PROG = r'''
@@ -1067,12 +1067,12 @@ def _ptrace(sb, ctx: Context) -> Outcome:
     uids = worker_uids(sb)
     victim = ctx.victim(uids[0] if uids else None)
     with Watch(worker_pids(sb), extra=[victim.pid]) as w:
-        r = sb.run(Job.run_program(_src(PTRACE_PROG, VICTIM=victim.pid),
+        r = sb.run(Job.run_program(fill_template(PTRACE_PROG, VICTIM=victim.pid),
                                    limits=Limits(wall_s=5)))
     ctx.release(victim)
     return Outcome(not w.tracers and r.status != "error",
                    _join(f"traced processes seen from the host: {len(w.tracers)} "
-                         f"({w.samples} samples)", _said(r, 140)))
+                         f"({w.samples} samples)", said(r, 140)))
 
 
 USERNS_PROG = r'''
@@ -1096,13 +1096,13 @@ time.sleep(0.4)  # stay in any new namespace while the host looks
 
 def _userns(sb, ctx: Context) -> Outcome:
     roots = worker_pids(sb)
-    base = {_ns(pid, "user") for pid in roots}
+    base = {namespace_of(pid, "user") for pid in roots}
     with Watch(roots) as w:
         r = sb.run(Job.run_program(USERNS_PROG, limits=Limits(wall_s=5)))
     new = w.user_ns - base
     return Outcome(not new and r.status != "error",
                    _join(f"new user namespaces seen from the host: {len(new)} "
-                         f"({w.samples} samples)", _said(r, 140)))
+                         f"({w.samples} samples)", said(r, 140)))
 
 
 # ---- 13-18: reward hacking in tests and io jobs ------------------------------------------------
@@ -1242,7 +1242,7 @@ print(f"nonce candidates: {len(found)}; opened: {sorted(set(log))[:6]}", flush=T
 def _simple(name: str, description: str, template: str, judge, limits: Limits = DEFAULT_LIMITS,
             **values: Callable[[Context], object]) -> Attack:
     def program(ctx: Context) -> str:
-        return _src(template, **{k: fn(ctx) for k, fn in values.items()})
+        return fill_template(template, **{k: fn(ctx) for k, fn in values.items()})
     return _program_attack(name, description, program, judge, limits)
 
 

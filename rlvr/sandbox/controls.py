@@ -149,7 +149,7 @@ def naive_verdict(candidate: str, judge: str, shell_parent: bool = False) -> tup
     report counts as passed), ``first`` (the first report line), ``nonce`` (the first line
     carrying the harness's nonce)."""
     nonce = secrets.token_hex(16)
-    r = run_unsandboxed(A._src(NAIVE_HARNESS, NONCE=nonce, TESTS=A.TESTS, CANDIDATE=candidate,
+    r = run_unsandboxed(A.fill_template(NAIVE_HARNESS, NONCE=nonce, TESTS=A.TESTS, CANDIDATE=candidate,
                                INPUTS=A.INPUTS, EXPECTED=A.EXPECTED), timeout=10, shell_parent=shell_parent)
     reports = [(n, json.loads(body)) for n, body in _REPORT.findall(r.stdout)]
     if judge == "exit":
@@ -187,13 +187,13 @@ def _tamper_test_file(sb, ctx: Context, name: str) -> Outcome:
     with open(test, "w") as f:
         f.write(A.TEST_FILE)
     os.chmod(test, 0o444)
-    r = run_unsandboxed(A._src(A.TAMPER, EVIL="evil") + A.WRONG_ADD, cwd=ws)
+    r = run_unsandboxed(A.fill_template(A.TAMPER, EVIL="evil") + A.WRONG_ADD, cwd=ws)
     try:
         with open(test) as f:
             unchanged = f.read() == A.TEST_FILE
     except OSError:
         unchanged = False
-    return Outcome(unchanged, f"test file {'unchanged' if unchanged else 'CHANGED'}; {A._said(r, 120)}")
+    return Outcome(unchanged, f"test file {'unchanged' if unchanged else 'CHANGED'}; {A.said(r, 120)}")
 
 
 # ---- processes and resources -------------------------------------------------------------------
@@ -213,7 +213,7 @@ def _memory(sb, ctx: Context, name: str) -> Outcome:
     r = sb.run(Job.run_program(A.MEMORY_PROG, limits=Limits(wall_s=20, memory_mb=4096)))
     rss_mb = r.max_rss_kb / 1024
     return Outcome(rss_mb <= judged + 32, f"limit raised to 4096 MiB: peak resident {rss_mb:.0f} MiB "
-                                          f"(the judge allows {judged + 32}); {A._said(r, 100)}")
+                                          f"(the judge allows {judged + 32}); {A.said(r, 100)}")
 
 
 @contextmanager
@@ -242,8 +242,8 @@ def _loop(sb, ctx: Context, name: str) -> Outcome:
 @control("setsid-grandchild")
 def _grandchild(sb, ctx: Context, name: str) -> Outcome:
     marker = ctx.marker + "-grandchild"
-    r = run_unsandboxed(A._src(A.GRANDCHILD_PROG, MARKER=marker), timeout=1.0)
-    left = A._still(lambda: A.marker_pids(marker), grace=1.0)
+    r = run_unsandboxed(A.fill_template(A.GRANDCHILD_PROG, MARKER=marker), timeout=1.0)
+    left = A.still_alive(lambda: A.marker_pids(marker), grace=1.0)
     A.sweep(marker)
     return Outcome(not left, f"run {r.status} after {r.duration_s:.1f}s; {len(left)} grandchild(ren) alive after")
 
@@ -252,7 +252,7 @@ def _grandchild(sb, ctx: Context, name: str) -> Outcome:
 def _flood(sb, ctx: Context, name: str) -> Outcome:
     cap = Limits().output_kb * 1024 + 4096 + 256
     got = 0
-    with _popen(A._src(A.FLOOD_PROG, STREAM="stdout"), stdout=subprocess.PIPE) as p:
+    with _popen(A.fill_template(A.FLOOD_PROG, STREAM="stdout"), stdout=subprocess.PIPE) as p:
         while chunk := p.stdout.read1(1 << 20):
             got += len(chunk)
     return Outcome(got <= cap, f"{got >> 20} MiB reached the reader (the judge's cap: {cap} bytes)")
@@ -260,32 +260,32 @@ def _flood(sb, ctx: Context, name: str) -> Outcome:
 
 @control("kill-parent")
 def _kill_parent(sb, ctx: Context, name: str) -> Outcome:
-    r = run_unsandboxed(A._src(A.KILL_PROG, TARGETS=[]), timeout=5, shell_parent=True)
+    r = run_unsandboxed(A.fill_template(A.KILL_PROG, TARGETS=[]), timeout=5, shell_parent=True)
     return Outcome(r.signal != signal.SIGKILL, f"its parent (a sh) {'was KILLED' if r.signal == 9 else 'lived'}")
 
 
 @control("signal-host")
 def _signal_host(sb, ctx: Context, name: str) -> Outcome:
     victim = ctx.victim()
-    r = run_unsandboxed(A._src(A.SIGNAL_PROG, VICTIM=victim.pid, MINUS_ONE=False), timeout=5)
+    r = run_unsandboxed(A.fill_template(A.SIGNAL_PROG, VICTIM=victim.pid, MINUS_ONE=False), timeout=5)
     time.sleep(0.05)
     alive = victim.poll() is None
     ctx.release(victim)
-    return Outcome(alive, f"host process {victim.pid} {'unaffected' if alive else 'KILLED'}; {A._said(r, 80)}")
+    return Outcome(alive, f"host process {victim.pid} {'unaffected' if alive else 'KILLED'}; {A.said(r, 80)}")
 
 
 @control("ptrace")
 def _ptrace(sb, ctx: Context, name: str) -> Outcome:
     victim = ctx.victim()
     with A.Watch([os.getpid()], extra=[victim.pid]) as w:
-        run_unsandboxed(A._src(A.PTRACE_PROG, VICTIM=victim.pid), timeout=1.5, shell_parent=True)
+        run_unsandboxed(A.fill_template(A.PTRACE_PROG, VICTIM=victim.pid), timeout=1.5, shell_parent=True)
     ctx.release(victim)
     return Outcome(not w.tracers, f"traced processes seen from the host: {len(w.tracers)}")
 
 
 @control("user-namespace")
 def _userns(sb, ctx: Context, name: str) -> Outcome:
-    base = A._ns(os.getpid(), "user")
+    base = A.namespace_of(os.getpid(), "user")
     with A.Watch([os.getpid()]) as w:
         run_unsandboxed(A.USERNS_PROG, timeout=5)
     new = w.user_ns - {base}
