@@ -146,8 +146,9 @@ def test_alerts_are_grouped_by_detector_with_a_trend_and_readable_evidence(tmp_p
     groups = html[html.index("<table class='alerts groups'>"):html.index("<h3>Every alert</h3>")]
     # one row per detector, by first step: severity, alerts, first and last step, where, samples flagged
     assert groups.index("entropy_collapse") < groups.index("reward_hacking")
-    assert "<td>entropy_collapse</td><td>warning</td><td>2</td><td>2</td><td>4</td><td>—</td><td>—</td>" in groups
-    assert "<td>reward_hacking</td><td>critical</td><td>1</td><td>5</td><td>5</td><td>code.repair</td><td>1</td>" in groups
+    assert "<td>entropy_collapse</td><td>warning</td><td>2</td><td>2</td><td>4</td><td>—</td><td>—</td><td>—</td>" in groups
+    assert ("<td>reward_hacking</td><td>critical</td><td>1</td><td>5</td><td>5</td><td>code.repair</td><td>1</td>"
+            '<td><a href="#traj-5-0">5-0</a> <span class="muted">passed without running tests</span></td>') in groups
     assert 'id="chart-flagged"' in groups and "reward_hacking" in groups
     assert "entropy 0.02712, start 0.1362, min entropy 0.03" in html  # not a Python dict repr
     assert "{&#x27;" not in html and "passed without tests 1" in html

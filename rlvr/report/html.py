@@ -144,9 +144,23 @@ def _eval_row(name: str, cells: list[dict | None], kind: str) -> str:
     return f"<tr class='{kind}'><th>{name}</th><td>{n}</td>{''.join(cell(c) for c in cells)}</tr>"
 
 
-def alert_groups(data: RunData) -> str:
+def _examples(data: RunData, name: str, shown: set[str], n: int = 3) -> str:
+    """Links to the first ``n`` shown samples ``name`` flagged, with their notes."""
+    out = []
+    for t in data.trajectories:
+        notes = [f.get("note", "") for f in t.get("flags", []) or [] if isinstance(f, dict) and f.get("detector") == name]
+        if notes and t["id"] in shown:
+            tid = escape(str(t["id"]))
+            out.append(f'<a href="#traj-{tid}">{tid}</a> <span class="muted">{escape(notes[0][:80])}</span>')
+            if len(out) == n:
+                break
+    return "<br>".join(out) or "—"
+
+
+def alert_groups(data: RunData, shown: set[str]) -> str:
     """One row per detector: severity, alerts, first and last step, where, the samples it flagged
-    over the run (its ``monitor/flagged/*`` curve), and the trend of its flagged share."""
+    over the run (its ``monitor/flagged/*`` curve) and the first of them shown; then the trend of
+    each sample detector's flagged share."""
     groups: dict[str, list[dict]] = {}
     for a in data.alerts:
         groups.setdefault(str(a.get("detector", "")), []).append(a)
@@ -159,9 +173,10 @@ def alert_groups(data: RunData) -> str:
         severity = escape(str(items[0].get("severity", "")))
         rows.append(f"<tr class='sev-{severity}'><td>{escape(name)}</td><td>{severity}</td><td>{len(items)}</td>"
                     f"<td>{min(steps)}</td><td>{max(steps)}</td><td>{escape(', '.join(where)) or '—'}</td>"
-                    f"<td>{flagged}</td></tr>")
+                    f"<td>{flagged}</td><td>{_examples(data, name, shown)}</td></tr>")
     table = ("<table class='alerts groups'><thead><tr><th>detector</th><th>severity</th><th>alerts</th>"
-             "<th>first step</th><th>last step</th><th>where</th><th>samples flagged (whole run)</th></tr></thead>"
+             "<th>first step</th><th>last step</th><th>where</th><th>samples flagged (whole run)</th>"
+             "<th>examples</th></tr></thead>"
              "<tbody>" + "".join(rows) + "</tbody></table>")
     return table + flagged_trend(data)
 
@@ -196,7 +211,7 @@ def alerts(data: RunData, shown: set[str]) -> str:
                     f"<td>{escape(str(where))}</td>"
                     f"<td>{escape(describe(evidence))}</td>"
                     f"<td>{escape(str(a.get('action', '')))}</td><td>{' '.join(links) or '—'}</td></tr>")
-    return (alert_groups(data) + "<h3>Every alert</h3>"
+    return (alert_groups(data, shown) + "<h3>Every alert</h3>"
             "<table class='alerts'><thead><tr><th>step</th><th>detector</th><th>severity</th><th>where</th>"
             "<th>evidence</th><th>action</th><th>trajectories</th></tr></thead><tbody>"
             + "".join(rows) + "</tbody></table>")
