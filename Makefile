@@ -56,6 +56,7 @@ bench: setup
 	$(PY) benchmarks/ray_verify.py --json runs/bench/ray_verify.json
 	$(PY) benchmarks/memory_step.py --json runs/bench/memory_step.json
 	$(PY) benchmarks/math_agreement.py --json runs/bench/math_agreement.json
+	$(PY) benchmarks/alert_push.py --json runs/bench/alert_push.json
 
 # Model loading on the lowest transformers pyproject.toml allows (the newest is what `make test` gets),
 # in its own venv (.venv-compat).

@@ -54,9 +54,11 @@ class RunStopped(UserError):
 
 
 class AlertLog:
-    def __init__(self, run_dir: str | Path, *, resume_step: int | None = None, echo=print) -> None:
+    def __init__(self, run_dir: str | Path, *, resume_step: int | None = None, echo=print, pusher=None) -> None:
+        """``pusher``: an ``rlvr.monitor.push.AlertPusher`` that gets a copy of each alert (or None)."""
         self.path = Path(run_dir) / "alerts.jsonl"
         self.echo = echo
+        self.pusher = pusher
         self.counts: Counter = Counter()
         if resume_step is None:
             self.path.write_text("")
@@ -71,10 +73,17 @@ class AlertLog:
         with self.path.open("a") as f:
             f.write(json.dumps(alert) + "\n")
         self.counts[alert["detector"]] += 1
+        if self.pusher is not None:
+            self.pusher.push(alert)
         if self.echo is not None and (alert.get("severity") == "critical" or alert.get("action") == "stopped"):
             where = alert.get("group", alert.get("domain", ""))
             self.echo(f"[alert] step {alert['step']} {alert['detector']} ({alert['severity']}){' ' + where if where else ''}: "
                       f"{describe(alert.get('evidence', {}))}; {alert.get('action', 'logged')}")
+
+    def close(self, wait_s: float = 5.0) -> None:
+        """Stop pushing, after up to ``wait_s`` seconds for what is queued."""
+        if self.pusher is not None:
+            self.pusher.close(wait_s)
 
     @property
     def total(self) -> int:
@@ -85,7 +94,12 @@ class AlertLog:
         if not self.total:
             return f"alerts: none ({self.path})"
         parts = ", ".join(f"{name} {n}" for name, n in self.counts.most_common())
-        return f"alerts: {self.total} ({parts}); {self.path}, grouped in the report"
+        pushed = ""
+        if self.pusher is not None:
+            c = self.pusher.counts
+            pushed = f"; pushed {c['pushed']}" + (f", failed {c['failed']}" if c["failed"] else "") + \
+                (f", dropped {c['dropped']}" if c["dropped"] else "")
+        return f"alerts: {self.total} ({parts}){pushed}; {self.path}, grouped in the report"
 
 
 def describe(evidence: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import ClassVar, Literal
 
 from rlvr.config import check_choice, check_range
+from rlvr.monitor.push import PushConfig
 
 SAMPLE_ACTIONS = ("log", "zero", "stop")
 STEP_ACTIONS = ("log", "stop")
@@ -302,6 +303,8 @@ class MonitorConfig:
     """A non-finite loss, gradient norm or other train metric (stop: before the optimizer step)."""
     domain_pass_vs_eval: DomainPassVsEvalConfig = field(default_factory=DomainPassVsEvalConfig)
     """A domain's train pass rate rising far faster than its eval."""
+    push: PushConfig = field(default_factory=PushConfig)
+    """Where alerts are pushed as they happen (a webhook; rlvr.monitor.push): nowhere by default."""
     rearm_steps: int = 20
     """A step detector's condition alerts again only after it has been false this many steps
     (one alert for a condition that flickers around its threshold)."""
@@ -316,4 +319,4 @@ class MonitorConfig:
 
     @classmethod
     def detector_names(cls) -> list[str]:
-        return [f.name for f in fields(cls) if f.name not in ("enabled", "sample_share", "rearm_steps")]
+        return [f.name for f in fields(cls) if f.name not in ("enabled", "sample_share", "rearm_steps", "push")]

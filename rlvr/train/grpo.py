@@ -121,6 +121,7 @@ def finish(run: Run, cfg: GRPOConfig) -> dict:
     """After the last step: logs closed, ``final/`` written (rank 0), the user's held-out file
     evaluated. The run's summary."""
     run.logger.close()
+    run.alerts.close()
     if run.envs is not None:
         run.envs.close()
     if run.group.is_main:  # data parallel: the ranks' weights are the same, rank 0 writes them
@@ -173,6 +174,7 @@ def stopped(run: Run, cfg: GRPOConfig, stop: RunStopped) -> None:
     if stop.checkpoint and run.step > 0 and not has_checkpoint(run.dir, run.step):  # (no hashing: a name check)
         checkpoint(run, cfg)
     run.logger.close()
+    run.alerts.close()
 
 
 def checkpoint(run: Run, cfg: GRPOConfig) -> None:

@@ -15,6 +15,7 @@ from rlvr.curriculum.scheduler import Curriculum
 from rlvr.eval.suites import get_suite, tasks_of
 from rlvr.model.checkpoint import latest_checkpoint
 from rlvr.monitor.alerts import AlertLog
+from rlvr.monitor.push import AlertPusher
 from rlvr.monitor.metrics import MetricsLogger, read_metrics
 from rlvr.monitor.trackers import open_trackers
 from rlvr.monitor.watch import Monitor
@@ -96,7 +97,8 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
         step = state["step"]
     logger = MetricsLogger(log_dir, resume_step=step if resume else None, tensorboard=group.is_main,
                            trackers=open_trackers(cfg.trackers, run_dir, to_dict(cfg)) if group.is_main else ())
-    alerts = AlertLog(log_dir, resume_step=step if resume else None)
+    pusher = AlertPusher(cfg.monitor.push, run=str(run_dir)) if cfg.monitor.push.url and group.is_main else None
+    alerts = AlertLog(log_dir, resume_step=step if resume else None, pusher=pusher)
     barrier()  # every rank's detectors start from rank 0's metrics history (truncated at the resumed step)
     monitor = Monitor(cfg.monitor, log_dir, alerts, cfg.reward, code_tools(), seed=cfg.seed,
                       history=read_metrics(run_dir), trajectories_every=cfg.save_trajectories_every)
