@@ -9,6 +9,8 @@ reward = outcome   pass / fail value (``outcome: binary``), or with ``outcome: s
                    samples truncated at the limit
        + length    -length_penalty per response token beyond length_target
        + process   process_weight * lint score of the extracted program (code tasks; rlvr.lint)
+       + content   -content_penalty when the completion matches a content rule (a secret or
+                   personal data; rlvr.content_filter)
 Each term is present only when configured, and returned separately so it can be logged as
 ``rollout/reward_<term>``. ``reward.domains`` overrides any field for one task domain, e.g.
 ``{"code.gen": {"process_weight": 0.05, "fail_reward": 0.0}}``.
@@ -26,6 +28,7 @@ import torch
 
 from rlvr.algos.penalties import overlong_penalty
 from rlvr.config import coerce, check_range
+from rlvr.content_filter import check_rule_names, scan
 from rlvr.errors import ConfigError
 from rlvr.lint import lint_scores
 from rlvr.types import Scored, Task, Trajectory, Verdict
@@ -60,11 +63,17 @@ class RewardConfig:
     """Response length in tokens up to which the length penalty is 0."""
     process_weight: float = 0.0
     """Weight of the lint score in [0, 1] of the program in details['code'] (0 disables; rlvr.lint)."""
+    content_penalty: float = 0.0
+    """Subtracted from a sample whose completion matches a content rule (a secret, personal data:
+    rlvr.content_filter); 0 disables."""
+    content_rules: list[str] = field(default_factory=list)
+    """The content rules of that penalty; empty: every registered one."""
     domains: dict[str, dict] = field(default_factory=dict)
     """Per-domain overrides of the fields above, e.g. {code.gen: {process_weight: 0.05}}."""
 
     def __post_init__(self) -> None:
         _check_ranges(vars(self), "reward")
+        check_rule_names("reward.content_rules", self.content_rules)
         self.domains = _flatten_domains(self.domains)
         for domain in self.domains:
             self.for_domain(domain)  # validate every override now, not at the first batch
@@ -88,7 +97,7 @@ class RewardConfig:
 
 
 _RANGES = {"overlong_buffer": 0, "format_weight": 0.0, "length_penalty": 0.0, "length_target": 0,
-           "process_weight": 0.0}  # lower bounds
+           "process_weight": 0.0, "content_penalty": 0.0}  # lower bounds
 
 
 def _check_ranges(values: dict[str, Any], prefix: str) -> None:
@@ -173,4 +182,6 @@ def _compose(task: Task, verdict: Verdict, trajectory: Trajectory, cfg: RewardCo
         terms["length"] = -cfg.length_penalty * max(0, trajectory.num_policy_tokens - cfg.length_target)
     if cfg.process_weight:
         terms["process"] = cfg.process_weight * lint
+    if cfg.content_penalty:
+        terms["content"] = -cfg.content_penalty if scan(trajectory.completion, cfg.content_rules or None) else 0.0
     return Scored(task=task, trajectory=trajectory, verdict=verdict, reward=sum(terms.values()), terms=terms)

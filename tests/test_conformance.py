@@ -102,6 +102,7 @@ from rlvr.serve.config import SERVING_ENGINES
 from rlvr.serve.config import ServeConfig
 from rlvr.serve.types import GenRequest, ServingEngine
 from rlvr.train.code_tools import code_tools
+from rlvr.content_filter import CONTENT_RULES, redact, scan
 from rlvr.registry import Registry
 from rlvr.sandbox import Sandbox, choose, plaindata
 from rlvr.tasks.base import DOMAINS, SPLITS, Domain, Problem, generate_tasks, overlap
@@ -859,7 +860,7 @@ def check_preference_loss(name: str) -> None:
 
 
 CHECKED = [DOMAINS, VERIFIERS, ENVS, ADVANTAGES, POLICY_LOSSES, AGGREGATIONS, KL_ESTIMATORS, PREFERENCE_LOSSES, SUITES,
-           DETECTORS, HACKS, TRACKERS, ROLLOUT_ENGINES, SERVING_ENGINES, STEP_COMPONENTS]
+           DETECTORS, HACKS, TRACKERS, ROLLOUT_ENGINES, SERVING_ENGINES, STEP_COMPONENTS, CONTENT_RULES]
 
 
 def rlvr_registries() -> dict[int, tuple[str, Registry]]:
@@ -1000,6 +1001,34 @@ def check_hack(name: str) -> None:
 @pytest.mark.parametrize("name", HACKS.names())
 def test_hack_conforms(name):
     check_hack(name)
+
+
+def check_content_rule(name: str) -> None:
+    rule = CONTENT_RULES.get(name)
+    assert rule.description and rule.matches and rule.passes, f"content rule {name}: needs examples both ways"
+    for text in rule.matches:
+        hits = scan(text, [name])
+        assert [h.rule for h in hits] == [name], f"content rule {name} misses {text!r}"
+        assert f"[redacted:{name}]" in redact(text, hits) and text[hits[0].start:hits[0].end] not in redact(text, hits)
+    for text in rule.passes:
+        assert scan(text, [name]) == [], f"content rule {name} flags the look-alike {text!r}"
+    docs = (Path(rlvr.__file__).parent.parent / "docs" / "content_filter.md").read_text()
+    assert f"`{name}`" in docs, f"docs/content_filter.md does not describe {name}"
+
+
+@pytest.mark.parametrize("name", CONTENT_RULES.names())
+def test_content_rule_conforms(name):
+    check_content_rule(name)
+
+
+def test_a_content_rule_that_flags_its_look_alikes_fails_conformance():
+    import re
+
+    from rlvr.content_filter import ContentRule
+
+    loose = ContentRule("digits", re.compile(r"\d+"), matches=("1234",), passes=("version 2",))
+    with CONTENT_RULES.temporary("loose_digits", loose), pytest.raises(AssertionError, match="look-alike"):
+        check_content_rule("loose_digits")
 
 
 def test_a_hack_of_the_wrong_shape_fails_conformance():

@@ -158,7 +158,7 @@ def test_domain_override_applies_only_to_that_domain():
 @pytest.mark.parametrize("domains, needle", [
     ({"code.gen": {"proces_weight": 0.05}},
      ("unknown config key 'reward.domains.code.gen.proces_weight'; allowed keys in 'reward.domains.code.gen': "
-      "fail_reward, format_weight, length_penalty, length_target, outcome, overlong")),
+      "content_penalty, content_rules, fail_reward, format_weight, length_penalty, length_target, outcome, overlong")),
     ({"code.gen": {"domains": {}}}, "unknown config key 'reward.domains.code.gen.domains'"),
     ({"code.gen": {"process_weight": -0.1}}, "config key 'reward.domains.code.gen.process_weight' = -0.1 must be in"),
     ({"code.gen": {"outcome": "partial"}}, "config key 'reward.domains.code.gen.outcome' = 'partial' is not allowed"),

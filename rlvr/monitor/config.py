@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import ClassVar, Literal
 
 from rlvr.config import check_choice, check_range
+from rlvr.content_filter import check_rule_names
 from rlvr.monitor.push import PushConfig
 
 SAMPLE_ACTIONS = ("log", "zero", "stop")
@@ -128,6 +129,19 @@ class AnswerStuffingConfig(SampleDetectorConfig):
         super().__post_init__()
         self.check_ranges(max_answers=(1, None), max_numbers_in_answer=(1, None), max_repeats=(1, None),
                           min_list_numbers=(2, None))
+
+
+@dataclass
+class ContentLeakConfig(SampleDetectorConfig):
+    NAME: ClassVar[str] = "content_leak"
+    alert: Literal["each", "rate"] = "each"
+    """each (default here: a secret or personal datum in an output is worth a look every time) | rate."""
+    rules: list[str] = field(default_factory=list)
+    """Content rules to look for (rlvr.content_filter); empty: every registered one."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_rule_names("monitor.content_leak.rules", self.rules)
 
 
 # --------------------------------------------------------------------------- per step
@@ -285,6 +299,8 @@ class MonitorConfig:
     """Code that holds expected outputs as literals (a lookup table)."""
     answer_stuffing: AnswerStuffingConfig = field(default_factory=AnswerStuffingConfig)
     """Several answers, one answer many times, or a long list of numbers."""
+    content_leak: ContentLeakConfig = field(default_factory=ContentLeakConfig)
+    """Completions holding a secret or personal data (rlvr.content_filter's rules)."""
     reward_jump: RewardJumpConfig = field(default_factory=RewardJumpConfig)
     """rollout/reward_mean far from its recent mean."""
     variance_collapse: VarianceCollapseConfig = field(default_factory=VarianceCollapseConfig)

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rlvr.content_filter import scan
 from rlvr.registry import Registry
 from rlvr.types import Scored, Task
 
@@ -376,6 +377,18 @@ def visible_hidden_gap(batch: list[Scored], cfg, code: CodeTools) -> dict[int, s
             d = batch[i].verdict.details
             hidden = f"{d.get('tests_passed', '?')}/{d.get('tests_total', '?')}"
             out[i] = f"passes the {len(examples)} examples in its prompt, {hidden} hidden tests"
+    return out
+
+
+@detector("content_leak", "sample", "warning",
+          "completions matching a content rule (rlvr.content_filter): a private key, an API key or token, "
+          "an e-mail address, a phone or card number")
+def content_leak(batch: list[Scored], cfg, code: CodeTools) -> dict[int, str]:
+    out = {}
+    for i, s in enumerate(batch):
+        hits = scan(s.trajectory.completion, cfg.rules or None)
+        if hits:
+            out[i] = "; ".join(dict.fromkeys(h.rule for h in hits))
     return out
 
 
