@@ -16,7 +16,9 @@ the next side starts, so no two servers share the CPU:
 - ``fast_int8``: ``--fast --quantize int8`` (the same with int8 decoder weights: the fast mode's
   full configuration on CPU);
 - ``fast_draft``: ``--fast --draft DIR`` (speculative decoding in waves, ``--spec-tokens`` K);
-- ``fast_ngram``: ``--fast --draft ngram`` (prompt-lookup drafts, no draft model; same K).
+- ``fast_ngram``: ``--fast --draft ngram`` (prompt-lookup drafts, no draft model; same K);
+- ``continuous_filter``: ``--filter all`` (every content rule over every completion, streaming-safe;
+  its requests ask for no token ids, which a filtered server refuses).
 
 Target: the quickstart's GRPO policy (0.9M parameters; default), a directory, or ``medium``: a
 random-weight 26M-parameter Llama with the quickstart's tokenizer (``serve_models.medium_target``,
@@ -66,7 +68,7 @@ from serve_models import SYSTEM, distil_draft, medium_target, target_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 EXACT = ("one_at_a_time", "continuous", "fast", "fast_draft", "fast_ngram")
-SIDES = ("one_at_a_time", "continuous", "fast", "fast_int8", "fast_draft", "fast_ngram")
+SIDES = ("one_at_a_time", "continuous", "fast", "fast_int8", "fast_draft", "fast_ngram", "continuous_filter")
 MODEL_NAME = "target"
 
 
@@ -76,7 +78,8 @@ def side_flags(side: str, draft: str, spec_tokens: int) -> list[str]:
             "fast": ["--fast"],
             "fast_draft": ["--fast", "--draft", draft, "--spec-tokens", str(spec_tokens)],
             "fast_ngram": ["--fast", "--draft", "ngram", "--spec-tokens", str(spec_tokens)],
-            "fast_int8": ["--fast", "--quantize", "int8"]}[side]
+            "fast_int8": ["--fast", "--quantize", "int8"],
+            "continuous_filter": ["--filter", "all"]}[side]
 
 
 def free_port() -> int:
@@ -150,12 +153,13 @@ def make_clients(url: str, n: int, timeout: float):
     return [openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=timeout) for _ in range(n)]
 
 
-def chat(client, messages, max_tokens: int, ignore_eos: bool):
+def chat(client, messages, max_tokens: int, ignore_eos: bool, token_ids: bool = True):
     return client.chat.completions.create(model=MODEL_NAME, messages=messages, temperature=0, max_tokens=max_tokens,
-                                         extra_body={"return_token_ids": True, "ignore_eos": ignore_eos})
+                                         extra_body={"return_token_ids": token_ids, "ignore_eos": ignore_eos})
 
 
-def run_load(clients, requests: list, max_tokens: int, time_limit: float, ignore_eos: bool = False) -> dict:
+def run_load(clients, requests: list, max_tokens: int, time_limit: float, ignore_eos: bool = False,
+             token_ids: bool = True) -> dict:
     """Every client pulls requests from one queue until it is empty or ``time_limit`` passes."""
     todo: queue.Queue = queue.Queue()
     for i in range(len(requests)):
@@ -172,12 +176,12 @@ def run_load(clients, requests: list, max_tokens: int, time_limit: float, ignore
                 return
             t0 = time.perf_counter()
             try:
-                r = chat(client, requests[i], max_tokens, ignore_eos)
+                r = chat(client, requests[i], max_tokens, ignore_eos, token_ids)
             except Exception as e:  # noqa: BLE001  (reported, not raised: a side may fail under load)
                 errors.append(f"{type(e).__name__}: {e}"[:200])
                 continue
             lat = time.perf_counter() - t0
-            results[i] = (lat, r.usage.completion_tokens, list(r.choices[0].token_ids))
+            results[i] = (lat, r.usage.completion_tokens, list(r.choices[0].token_ids) if token_ids else None)
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=worker, args=(c,), daemon=True) for c in clients]
@@ -193,7 +197,7 @@ def run_load(clients, requests: list, max_tokens: int, time_limit: float, ignore
             "n_errors": len(errors), "completion_tokens": tokens, "tokens_per_s": tokens / wall,
             "requests_per_s": len(done) / wall, "p50_s": pct(lat, 0.5), "p99_s": pct(lat, 0.99),
             "token_ids": [r[2] if r else None for r in results],
-            "usage_matches_ids": all(r[1] == len(r[2]) for r in done)}
+            "usage_matches_ids": all(r[2] is None or r[1] == len(r[2]) for r in done)}
 
 
 def pct(xs: list[float], q: float) -> float | None:
@@ -232,9 +236,10 @@ def run_side(side: str, model: str, flags: list[str], a, requests, warm, burst, 
     try:
         ready_s = srv.wait_ready()
         clients = make_clients(srv.url, a.clients, timeout=a.side_timeout)
-        run_load(clients, warm, a.max_tokens, a.side_timeout, a.ignore_eos)  # warm-up wave, untimed
+        ids = "--filter" not in flags  # a filtered server refuses token-level output
+        run_load(clients, warm, a.max_tokens, a.side_timeout, a.ignore_eos, ids)  # warm-up wave, untimed
         m0 = srv.metrics()
-        res = run_load(clients, requests, a.max_tokens, a.side_timeout, a.ignore_eos)
+        res = run_load(clients, requests, a.max_tokens, a.side_timeout, a.ignore_eos, ids)
         m1 = srv.metrics()
         res.update(ttft_burst(clients, burst, a.max_tokens, a.ignore_eos) if a.ttft else {})
         res["server_ready_s"] = ready_s
@@ -307,13 +312,15 @@ def main() -> None:
                "p50_s": med("p50_s"), "p99_s": med("p99_s"),
                "ttft_p50_s": med("ttft_p50_s") if a.ttft else None,
                "aborted": any(x["aborted"] for x in rs),
-               "identical": f"{min(identical[side]['requests_identical_per_round'])}/{len(ref)}",
+               "identical": (f"{min(identical[side]['requests_identical_per_round'])}/{len(ref)}"
+                             if any(t is not None for t in rs[0]["token_ids"]) else "(no ids)"),
                "steps": statistics.median(x["server"].get("steps", 0) for x in rs),
                "prefix_hits": statistics.median(x["server"].get("prefix_cache_hits", 0) for x in rs)}
         rows.append(row)
     ratios = {}
     for num, den in (("continuous", "one_at_a_time"), ("fast", "continuous"), ("fast_draft", "continuous"),
-                     ("fast_ngram", "continuous"), ("fast_int8", "continuous"), ("fast_draft", "fast")):
+                     ("fast_ngram", "continuous"), ("fast_int8", "continuous"), ("fast_draft", "fast"),
+                     ("continuous_filter", "continuous")):
         if num in runs and den in runs:
             per_round = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(runs[num], runs[den])]
             ratios[f"{num}/{den}"] = {"per_round": per_round, "median": statistics.median(per_round),

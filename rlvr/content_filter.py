@@ -3,7 +3,7 @@
 ``CONTENT_RULES`` is a registry of ``ContentRule``: a name, a regex, an optional check of each
 match (the Luhn checksum of a card number) and the examples it must and must not match (the
 conformance suite runs them). ``scan(text, rules)`` returns the ``Hit``s, leftmost first,
-overlaps dropped; ``redact(text, hits)`` writes each as ``[redacted:<rule>]``.
+overlapping matches merged into one span; ``redact(text, hits)`` writes each as ``[redacted:<rule>]``.
 
 Built in (``docs/content_filter.md``):
 
@@ -17,8 +17,9 @@ Built in (``docs/content_filter.md``):
     card_number      13-19 digits (spaces or dashes between groups allowed) passing the Luhn check
 
 Used in training by the ``content`` reward term (``reward.content_penalty``) and the
-``content_leak`` monitor detector. A user's own patterns: ``ContentRule`` entries registered
-under new names (``CONTENT_RULES.register``). Not built yet: filtering in ``rlvr serve``.
+``content_leak`` monitor detector; in ``rlvr serve --filter`` by ``ContentFilter`` (redact or block,
+streaming-safe). A user's own patterns: ``ContentRule`` entries registered under new names
+(``CONTENT_RULES.register``).
 """
 
 from __future__ import annotations
@@ -94,31 +95,85 @@ _rule("card_number", "a payment card number (13-19 digits passing the Luhn check
       ("4111 1111 1111 1112", "1234567890123", "12345", "2024-12-06 10:00"), check=luhn)
 
 
-def scan(text: str, rules: list[str] | tuple[str, ...] | None = None) -> list[Hit]:
-    """Every match of ``rules`` (default: all) in ``text``, leftmost first; a match overlapping an
-    earlier one is dropped."""
+def scan(text: str, rules: list[str] | tuple[str, ...] | None = None, start: int = 0) -> list[Hit]:
+    """Every match of ``rules`` (default: all) in ``text`` from ``start`` on (what comes before
+    still counts as context: ``\b`` and look-behinds see it), leftmost first; a match overlapping
+    an earlier one is dropped."""
     names = CONTENT_RULES.names() if rules is None else list(rules)
     hits = []
     for name in names:
         rule = CONTENT_RULES.get(name)
-        for m in rule.pattern.finditer(text):
+        for m in rule.pattern.finditer(text, start):
             if rule.check is None or rule.check(m.group(0)):
                 hits.append(Hit(name, m.start(), m.end()))
     hits.sort(key=lambda h: (h.start, -h.end))
     kept: list[Hit] = []
     for h in hits:
-        if not kept or h.start >= kept[-1].end:
+        if kept and h.start < kept[-1].end:  # overlapping matches are one span (named by the first):
+            kept[-1] = Hit(kept[-1].rule, kept[-1].start, max(kept[-1].end, h.end))  # nothing of either shows
+        else:
             kept.append(h)
     return kept
 
 
-def redact(text: str, hits: list[Hit]) -> str:
-    """``text`` with each hit written as ``[redacted:<rule>]``."""
-    out, at = [], 0
+def redact(text: str, hits: list[Hit], start: int = 0) -> str:
+    """``text[start:]`` with each hit (all at or after ``start``) written as ``[redacted:<rule>]``."""
+    out, at = [], start
     for h in hits:
         out += [text[at:h.start], f"[redacted:{h.rule}]"]
         at = h.end
     return "".join(out) + text[at:]
+
+
+ACTIONS = ("redact", "block")
+HOLD = 128
+"""Characters a stream keeps back from its end, so that a match still arriving is never sent in
+part: matches longer than this (a long JWT) may be."""
+
+
+class ContentFilter:
+    """Which rules act on a served text and how: ``{rule: "redact" | "block"}``.
+
+    ``view(raw, final)`` is what may be shown of ``raw``: redacted matches written as
+    ``[redacted:<rule>]``, the text cut before the first match of a block rule, and (unless
+    ``final``) the last ``HOLD`` characters and any match reaching into them kept back. The shown
+    text only grows as ``raw`` does, so a stream can send its new end each time.
+    """
+
+    def __init__(self, actions: dict[str, str]) -> None:
+        check_rule_names("--filter", list(actions))
+        for rule, action in actions.items():
+            if action not in ACTIONS:
+                from rlvr.errors import ConfigError
+
+                raise ConfigError(f"--filter {rule}={action}: the action must be one of {', '.join(ACTIONS)}")
+        self.actions = dict(actions)
+        self.blocks = [rule for rule, action in actions.items() if action == "block"]
+
+    @classmethod
+    def parse(cls, text: str) -> ContentFilter | None:
+        """``"card_number=block,email"`` (action redact unless given; ``all`` for every rule); None if empty."""
+        actions: dict[str, str] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            rule, _, action = item.partition("=")
+            for name in CONTENT_RULES.names() if rule == "all" else [rule]:
+                actions[name] = action or "redact"
+        return cls(actions) if actions else None
+
+    def view(self, raw: str, final: bool, start: int = 0) -> tuple[str, list[Hit], str | None, int]:
+        """What may be shown of ``raw[start:]`` (``start``: where an earlier view of a prefix of
+        ``raw`` ended, so a stream scans each character about once): ``(the shown text, the hits it
+        redacted, the block rule that cut it or None, the end in raw)``."""
+        hits = scan(raw, list(self.actions), start)
+        end = len(raw) if final else max(start, len(raw) - HOLD)
+        blocked = next((h for h in hits if self.actions[h.rule] == "block"), None)
+        if blocked is not None:
+            end = min(end, blocked.start)
+        for h in hits:
+            if h.start < end < h.end:  # never show part of a match
+                end = h.start
+        shown = [h for h in hits if h.end <= end]
+        return redact(raw[:end], shown, start), shown, blocked.rule if blocked is not None else None, end
 
 
 def check_rule_names(key: str, names: list[str]) -> None:

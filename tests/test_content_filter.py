@@ -74,3 +74,31 @@ def test_unknown_rules_are_named_with_the_choices():
         RewardConfig(content_rules=["ssn"])
     with pytest.raises(ConfigError, match="monitor.content_leak.rules"):
         load_config(MonitorConfig, None, ["content_leak.rules=[passport]"])
+
+
+def test_a_view_built_piece_by_piece_equals_the_whole_texts_and_only_grows():
+    import random
+
+    from rlvr.content_filter import ContentFilter
+
+    parts = ["word ", "x = 555 - 123 ", "jane.doe@example.com ", "AKIAIOSFODNN7EXAMPLE", " 4111 1111 1111 1111 ",
+             "4111 1111 1111 1112 ", "call (555) 123-4567.", "-----BEGIN RSA PRIVATE KEY----- ", "ok. " * 20]
+    for seed in range(30):
+        rng = random.Random(seed)
+        text = "".join(rng.choice(parts) for _ in range(rng.randint(5, 40)))
+        f = ContentFilter({"email": "redact", "aws_access_key": "redact", "phone": "redact",
+                           "card_number": rng.choice(["redact", "block"]), "private_key": "redact"})
+        whole = f.view(text, final=True)[0]
+        done, shown, at = 0, "", 0
+        while at < len(text):
+            at = min(len(text), at + rng.randint(1, 9))
+            tail, _, _, end = f.view(text[:at], final=False, start=done)
+            assert whole.startswith(shown + tail), (seed, shown + tail)  # what was sent is never taken back
+            done, shown = end, shown + tail
+        assert shown + f.view(text, final=True, start=done)[0] == whole, seed
+        assert scan(whole) == []  # nothing of a secret is left to find
+
+
+def test_matches_that_overlap_are_redacted_as_one_span():
+    text = "-----BEGIN RSA PRIVATE KEY-----jane.doe@example.com"  # an e-mail's local part may start with dashes
+    assert [h.rule for h in scan(text)] == ["private_key"] and redact(text, scan(text)) == "[redacted:private_key]"

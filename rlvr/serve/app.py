@@ -40,8 +40,9 @@ from rlvr.serve.protocol import ChatCompletionRequest, CompletionRequest, Weight
 class _Server:
     """What the routes share: the engine once loaded, and the settings."""
 
-    def __init__(self, model_name: str, api_key: str, admin_token: str):
+    def __init__(self, model_name: str, api_key: str, admin_token: str, content_filter=None):
         self.model_name, self.api_key, self.admin_token = model_name, api_key, admin_token
+        self.content_filter = content_filter
         self.engine = None
         self.tokenizer = None
         self.load_error: str | None = None
@@ -55,9 +56,11 @@ def _bearer(request: Request) -> str | None:
 
 
 def create_app(load: Callable[[], tuple[object, object]], *, model_name: str, api_key: str = "",
-               admin_token: str = "", on_load_error: Callable[[BaseException], None] | None = None) -> FastAPI:
-    """The app; ``load()`` (run on a thread at startup) builds the engine and the tokenizer."""
-    s = _Server(model_name, api_key, admin_token)
+               admin_token: str = "", on_load_error: Callable[[BaseException], None] | None = None,
+               content_filter=None) -> FastAPI:
+    """The app; ``load()`` (run on a thread at startup) builds the engine and the tokenizer.
+    ``content_filter``: an ``rlvr.content_filter.ContentFilter`` every completion goes through."""
+    s = _Server(model_name, api_key, admin_token, content_filter)
 
     def _load() -> None:
         try:
@@ -110,7 +113,7 @@ def _openai_routes(app: FastAPI, s: _Server) -> None:
         return engine
 
     def call(request: Request, endpoint: str) -> Call:
-        return Call(s.engine, s.tokenizer, s.model_name, s.metrics, request, endpoint)
+        return Call(s.engine, s.tokenizer, s.model_name, s.metrics, request, endpoint, content=s.content_filter)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):

@@ -12,6 +12,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from rlvr.content_filter import ContentFilter
 from rlvr.serve.config import SERVING_ENGINES, ServeConfig
 
 
@@ -69,7 +70,7 @@ def serve(cfg: ServeConfig) -> None:
 
     name = cfg.model_name or Path(cfg.model).resolve().name
     app = create_app(lambda: load_engine(cfg), model_name=name, api_key=cfg.api_key, admin_token=cfg.admin_token,
-                     on_load_error=on_load_error)
+                     on_load_error=on_load_error, content_filter=ContentFilter.parse(cfg.filter))
     server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning"))
     print(f"rlvr serve: {name} on http://{cfg.host}:{cfg.port} (batching {cfg.batching})", flush=True)
     server.run()

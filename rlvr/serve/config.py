@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlvr.config import check_choice
+from rlvr.content_filter import ContentFilter
 from rlvr.errors import ConfigError
 from rlvr.registry import Registry
 from rlvr.serve.types import ServingEngine
@@ -59,6 +60,9 @@ class ServeConfig:
     """--fast with --draft: draft tokens proposed per round."""
     quantize: str = ""
     """--fast: int8 quantises the decoder's Linear layers (CPU only; empty: none)."""
+    filter: str = ""
+    """Content rules every completion goes through (rlvr/content_filter.py): RULE[=redact|block],...
+    or all; finish_reason content_filter where one acted; empty: none."""
 
     def __post_init__(self) -> None:
         check_choice("--device", self.device, ["auto", "cpu", "cuda"])
@@ -75,6 +79,7 @@ class ServeConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.max_waiting < 0 or self.max_context < 0:
             raise ConfigError("--max-waiting and --max-context must be >= 0")
+        ContentFilter.parse(self.filter)  # a bad rule or action: one line now, not at the first request
         self.admin_token = self.admin_token or os.environ.get("RLVR_ADMIN_TOKEN", "")
         self.api_key = self.api_key or os.environ.get("RLVR_API_KEY", "")
         if not self.api_key and not is_loopback(self.host):

@@ -47,8 +47,20 @@ class Choice:
             self.logprobs.append(ev.logprob)
         if ev.version not in self.versions:
             self.versions.append(ev.version)
+        delta = self.text.add(ev.token_id)
         self.finish = ev.finish_reason or self.finish
-        return self.text.add(ev.token_id)
+        if self.finish and self.text.content is not None:
+            self.text.text()  # the whole text's verdict (a match in the kept-back tail too)
+            if self.text.blocked or self.text.redacted:
+                self.finish = "content_filter"
+        return delta
+
+    def filtered(self) -> dict:
+        """``{"content_filter": {"action", "rules"}}`` when the filter acted on this choice, else {}."""
+        if not (self.text.blocked or self.text.redacted):
+            return {}
+        rules = self.text.redacted + ([self.text.blocked] if self.text.blocked else [])
+        return {"content_filter": {"action": "blocked" if self.text.blocked else "redacted", "rules": rules}}
 
 
 @dataclass
@@ -63,6 +75,16 @@ class Call:
     endpoint: str
     started: float = field(default_factory=time.monotonic)
     first_token: float | None = None
+    content: object = None
+    """``rlvr.content_filter.ContentFilter`` of ``--filter``, or None."""
+
+    def refuse_token_output(self, **asked: bool) -> None:
+        """With a content filter, token-level output (log-probs, token ids, an echo) would show
+        what the filter hides: a 400 naming the field."""
+        for param, wanted in asked.items():
+            if self.content is not None and wanted:
+                raise ApiError(400, f"'{param}' is not available on a server with --filter: token-level output "
+                                    "would bypass the content filter", param=param)
 
 
 # -- building and submitting the choices ------------------------------------------------------------
@@ -134,6 +156,8 @@ async def _events(call: Call, choices: list[Choice]) -> AsyncIterator[tuple[Choi
                 call.metrics.ttft.observe(call.first_token - call.started)
             left -= ev.finish_reason is not None
             yield c, ev
+            if c.text.blocked and c.finish is None and not c.handle.cancelled:
+                call.engine.cancel(c.handle)  # a blocked match: nothing more of this choice is shown
     finally:
         for c in choices:
             if c.finish is None:
@@ -203,8 +227,9 @@ async def chat_completion(call: Call, body: ChatCompletionRequest):
     except ApiError as e:
         e.param = param if e.param == "max_tokens" else e.param
         raise
+    call.refuse_token_output(logprobs=body.logprobs, return_token_ids=body.return_token_ids)
     hold = TOOL_MARKERS if tools else ()
-    choices = [Choice(i, prompt, h, TextStream(call.tokenizer, r.stop, hold))
+    choices = [Choice(i, prompt, h, TextStream(call.tokenizer, r.stop, hold, call.content))
                for i, (r, h) in enumerate(zip(reqs, submit_all(call.engine, reqs)))]
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     head = {"id": rid, "created": created, "model": call.model_name}
@@ -231,7 +256,8 @@ def _chat_choice(call: Call, body: ChatCompletionRequest, c: Choice, tools: bool
     if reply and reply.tool_calls:
         message["tool_calls"] = reply.tool_calls
     out = {"index": c.index, "message": message, "finish_reason": _chat_finish(c, reply.tool_calls if reply else []),
-           "logprobs": {"content": _chat_logprobs(call, c.token_ids, c.logprobs)} if body.logprobs else None}
+           "logprobs": {"content": _chat_logprobs(call, c.token_ids, c.logprobs)} if body.logprobs else None,
+           **c.filtered()}
     if body.return_token_ids:
         out["token_ids"] = c.token_ids
     return out
@@ -273,7 +299,7 @@ async def _chat_chunks(call: Call, body: ChatCompletionRequest, choices: list[Ch
         final: dict = {"content": delta} if delta else {}
         if reply and reply.tool_calls:
             final["tool_calls"] = [{"index": k, **tc} for k, tc in enumerate(reply.tool_calls)]
-        yield chunk(c, final, _chat_finish(c, reply.tool_calls if reply else []), lps, **ids)
+        yield chunk(c, final, _chat_finish(c, reply.tool_calls if reply else []), lps, **ids, **c.filtered())
     _count(call, len(choices[0].prompt_ids), choices)
     if body.stream_options and body.stream_options.include_usage:
         yield _sse({**base, "choices": [], "usage": _usage(len(choices[0].prompt_ids), choices)})
@@ -300,9 +326,10 @@ async def completion(call: Call, body: CompletionRequest):
         if not p:
             raise ApiError(400, "a prompt has no tokens", param="prompt")
     want_lp = body.logprobs is not None
+    call.refuse_token_output(logprobs=want_lp, return_token_ids=body.return_token_ids, echo=body.echo)
     reqs = [_gen_request(call, body, p, k * body.n + i, body.max_tokens, "prompt", body.echo and want_lp)
             for k, p in enumerate(prompts) for i in range(body.n)]
-    choices = [Choice(j, r.prompt_ids, h, TextStream(call.tokenizer, r.stop))
+    choices = [Choice(j, r.prompt_ids, h, TextStream(call.tokenizer, r.stop, content=call.content))
                for j, (r, h) in enumerate(zip(reqs, submit_all(call.engine, reqs)))]
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": call.model_name}
     n_prompt = sum(len(p) for p in prompts)
@@ -332,7 +359,8 @@ def _completion_choice(call: Call, body: CompletionRequest, c: Choice) -> dict:
         if c.handle.prompt_logprobs is not None:
             ids, lps = c.prompt_ids + ids, [None, *c.handle.prompt_logprobs[1:]] + lps
     out = {"index": c.index, "text": text, "finish_reason": c.finish,
-           "logprobs": _completion_logprobs(call, ids, lps, 0) if body.logprobs is not None else None}
+           "logprobs": _completion_logprobs(call, ids, lps, 0) if body.logprobs is not None else None,
+           **c.filtered()}
     if body.return_token_ids:
         out["prompt_token_ids"], out["token_ids"] = c.prompt_ids, c.token_ids
     return out
@@ -350,8 +378,9 @@ async def _completion_chunks(call: Call, body: CompletionRequest, choices: list[
         new = c.token_ids[before:]
         if not (delta or new or ev.finish_reason):
             continue
-        choice = {"index": c.index, "text": delta, "finish_reason": ev.finish_reason,
-                  "logprobs": _completion_logprobs(call, new, c.logprobs[before:], 0) if body.logprobs is not None else None}
+        choice = {"index": c.index, "text": delta, "finish_reason": c.finish if ev.finish_reason else None,
+                  "logprobs": _completion_logprobs(call, new, c.logprobs[before:], 0) if body.logprobs is not None else None,
+                  **(c.filtered() if ev.finish_reason else {})}
         if body.return_token_ids:
             choice["token_ids"] = new
             if before == 0:
