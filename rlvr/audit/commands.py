@@ -1,7 +1,9 @@
-"""``rlvr audit rewards``: flags and printing; the audit itself is ``rlvr.audit.rewards``.
+"""``rlvr audit rewards`` and ``rlvr audit log``: flags and printing; the audits themselves are
+``rlvr.audit.rewards`` and ``rlvr.oplog.verify``.
 
-Exit status: 0 when no hack earns reward, 1 when one does (each such cell named on stderr), 2 for
-a user error (an unknown hack, domain or outcome, an unreadable task file).
+Exit status: ``rewards``: 0 when no hack earns reward, 1 when one does (each such cell named on
+stderr); ``log``: 0 when the chain is intact, 1 when it is broken (the line and why on stderr);
+2 for a user error (an unknown hack, domain or outcome, an unreadable file).
 """
 
 from __future__ import annotations
@@ -36,6 +38,33 @@ def add_parser(sub, file_flags, file_entries) -> None:
     file_flags(g)
     g.add_argument("--domains", default=None, metavar="A,B", help="built-in domains to audit ('' for none)")
     a.set_defaults(fn=run, file_entries=file_entries)
+    lg = actions.add_parser(
+        "log", help="verify an operation log's hash chain and summarise it; exit 1 if the chain is broken",
+        description="Check <run>/operations.jsonl (rlvr.oplog): every record follows the one before by hash, so "
+                    "an edited, deleted or reordered line is found. Prints the operations by kind and the "
+                    "failed or refused ones. Exit 0: intact (a record cut by a crash at the end is allowed); 1: broken.")
+    lg.add_argument("path", help="the log (a run directory's operations.jsonl)")
+    lg.add_argument("--show", type=int, default=10, help="failed or refused operations to print (default 10)")
+    lg.set_defaults(fn=run_log)
+
+
+def run_log(args: argparse.Namespace) -> None:
+    from rlvr.oplog import verify
+
+    if not Path(args.path).is_file():
+        raise UserError(f"{args.path}: no such operation log")
+    v = verify(args.path)
+    ops = ", ".join(f"{op} {n}" for op, n in v.ops.most_common())
+    print(f"{args.path}: {v.records} records ({ops})" + ("; the last record was cut by a crash" if v.cut_tail else ""))
+    for rec in v.refused[:args.show]:
+        what = {k: rec[k] for k in ("seq", "op", "task", "tool", "kind", "status", "outcome") if k in rec}
+        print(f"  not ok: {what}")
+    if len(v.refused) > args.show:
+        print(f"  ... {len(v.refused) - args.show} more not ok")
+    if not v.intact:
+        print(f"chain BROKEN at line {v.broken_line}: {v.reason}", file=sys.stderr)
+        sys.exit(1)
+    print("chain intact")
 
 
 def _names(text: str) -> list[str]:

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rlvr.config import check_range
+from rlvr import oplog
 from rlvr.envs.tools import Tool, ToolCallError, cut_result, parse_tool_call, run_tool, tool_message
+from rlvr.tool_calls import CALL_OPEN
 from rlvr.registry import Registry
 from rlvr.types import SINGLE_TURN, Message, Task, Verdict
 
@@ -177,6 +179,7 @@ class ToolEnv(Environment):
             raise RuntimeError(f"step() after the episode ended ({self.finish})")
         self.turns += 1
         started = time.perf_counter()
+        call = None
         try:
             call = parse_tool_call(action)
             if call is None:
@@ -188,6 +191,10 @@ class ToolEnv(Environment):
                 name, result = call.name, run_tool({t.name: t for t in self.tools()}, call)
         except ToolCallError as e:
             name, result = "error", cut_result(str(e))  # errors quote the call, of any length
+        if call is not None or CALL_OPEN in action:  # every attempted call, a malformed one too
+            oplog.write("tool_call", task=self.task.id, tool=call.name if call else "(malformed)",
+                        args_sha256=oplog.digest(call.arguments if call else action),
+                        outcome="error" if name == "error" else "ok", seconds=round(time.perf_counter() - started, 5))
         if self._done_reason:
             return self._end(self._done_reason)
         if self.turns >= self.cfg.max_turns:

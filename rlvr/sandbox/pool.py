@@ -41,7 +41,8 @@ import warnings
 from rlvr.errors import UserError
 from rlvr.faults import fault_point
 from rlvr.sandbox import detect, isolate
-from rlvr.sandbox.audit import AuditLog
+from rlvr import oplog
+from rlvr.sandbox.audit import AuditLog, code_hash
 from rlvr.sandbox.cpu_use import cpu_ticks, run_members
 from rlvr.sandbox.types import ExecResult, Job
 from rlvr.sandbox.verdict import interpret
@@ -381,6 +382,8 @@ class Sandbox:
         result = interpret(job, raw, nonce, self.backend.name)
         if self.audit:
             self.audit.write(job, result)
+        oplog.write("sandbox_exec", task=job.task_id, kind=job.kind, code_sha256=code_hash(job), status=result.status,
+                    seconds=round(result.duration_s, 5))
         return result
 
     def _restart(self, slot: _Slot) -> None:

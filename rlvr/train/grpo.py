@@ -52,6 +52,7 @@ from rlvr.eval.report import eval_report as write_eval_report
 from rlvr.atomic import write_text_atomic
 from rlvr.eval.suites import get_suite
 from rlvr.model.checkpoint import has_checkpoint, prune_checkpoints, save_checkpoint
+from rlvr import oplog
 from rlvr.monitor.alerts import RunStopped, read_alerts
 from rlvr.monitor.metrics import read_metrics
 from rlvr.train.common import Timer, training_state
@@ -122,6 +123,7 @@ def finish(run: Run, cfg: GRPOConfig) -> dict:
     evaluated. The run's summary."""
     run.logger.close()
     run.alerts.close()
+    oplog.close_log()
     if run.envs is not None:
         run.envs.close()
     if run.group.is_main:  # data parallel: the ranks' weights are the same, rank 0 writes them
@@ -175,6 +177,7 @@ def stopped(run: Run, cfg: GRPOConfig, stop: RunStopped) -> None:
         checkpoint(run, cfg)
     run.logger.close()
     run.alerts.close()
+    oplog.close_log()
 
 
 def checkpoint(run: Run, cfg: GRPOConfig) -> None:

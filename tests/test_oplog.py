@@ -1,0 +1,146 @@
+"""The operation audit log (``rlvr.oplog``): every tool call and sandbox execution, hash-chained;
+an edited, deleted or reordered line breaks the chain at that line; a record cut by a SIGKILL is
+dropped on reopening and the chain goes on; ``rlvr audit log`` verifies and summarises."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from rlvr import oplog
+from rlvr.cli import main
+from rlvr.oplog import OpLog, verify
+
+
+def _log(path, n: int = 5) -> None:
+    log = OpLog(path, actor="test")
+    for i in range(n):
+        log.write("tool_call", task=f"t{i}", tool="calculator", outcome="ok" if i != 2 else "error")
+    log.close()
+
+
+def test_an_intact_chain_verifies_and_counts_its_operations(tmp_path):
+    path = tmp_path / "operations.jsonl"
+    _log(path)
+    v = verify(path)
+    assert v.intact and v.records == 7 and v.ops == {"log_opened": 1, "tool_call": 5, "log_closed": 1}
+    assert [r["task"] for r in v.refused] == ["t2"]  # the failed call is listed
+    _log(path, 2)  # reopened: the chain goes on from the last record
+    assert verify(path).intact and verify(path).records == 11
+
+
+@pytest.mark.parametrize("tamper", ["edit", "delete", "swap", "append_forged"])
+def test_tampering_with_any_line_is_found_at_that_line(tmp_path, tamper):
+    path = tmp_path / "operations.jsonl"
+    _log(path)
+    lines = path.read_text().splitlines()
+    if tamper == "edit":
+        rec = json.loads(lines[3])
+        rec["outcome"] = "ok"  # hide the failed call
+        lines[3] = json.dumps(rec, separators=(",", ":"))
+        where = 4
+    elif tamper == "delete":
+        del lines[3]
+        where = 4
+    elif tamper == "swap":
+        lines[2], lines[3] = lines[3], lines[2]
+        where = 3
+    else:  # a record added by hand, its hash computed without the chain's
+        rec = {**json.loads(lines[-1]), "seq": 8, "op": "tool_call", "hash": "0" * 64}
+        lines.append(json.dumps(rec))
+        where = 8
+    path.write_text("\n".join(lines) + "\n")
+    v = verify(path)
+    assert not v.intact and v.broken_line == where, v
+
+
+def test_a_record_cut_by_a_kill_is_dropped_and_the_chain_goes_on(tmp_path):
+    path = tmp_path / "operations.jsonl"
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from rlvr.oplog import OpLog\n"
+        "log = OpLog(sys.argv[1])\n"
+        "for i in range(10**9):\n"
+        "    log.write('sandbox_exec', task=f't{i}', status='ok', note='x' * 200)\n"), str(path)],
+        env={**os.environ, "PYTHONPATH": os.getcwd()})
+    while not path.exists() or path.stat().st_size < 200_000:
+        pass
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    with path.open("ab") as f:
+        f.write(b'{"seq":99999,"op":"sandbox_ex')  # as a kill mid-line leaves it
+    v = verify(path)
+    assert v.intact and v.cut_tail and v.records > 100
+    log = OpLog(path)
+    log.close()
+    after = verify(path)
+    assert after.intact and not after.cut_tail and after.records == v.records + 2
+    assert after.ops["log_recovered"] == 1
+
+
+def test_rlvr_audit_log_prints_the_summary_and_exits_1_on_a_broken_chain(tmp_path, capsys):
+    path = tmp_path / "operations.jsonl"
+    _log(path)
+    main(["audit", "log", str(path)])  # intact: returns (exit status 0)
+    out = capsys.readouterr().out
+    assert "7 records (tool_call 5, log_opened 1, log_closed 1)" in out
+    assert "chain intact" in out and "'task': 't2'" in out
+    lines = path.read_text().splitlines()
+    lines[1] = lines[1].replace("calculator", "sql")
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SystemExit) as e:
+        main(["audit", "log", str(path)])
+    assert e.value.code == 1 and "chain BROKEN at line 2: its hash does not match" in capsys.readouterr().err
+
+
+def test_every_tool_call_of_scripted_episodes_is_logged(tmp_path):
+    import rlvr.tasks  # noqa: F401
+    from rlvr.envs.base import make_env, play
+    from rlvr.tasks.base import generate_tasks
+    from rlvr.tool_calls import CALL_OPEN
+
+    tasks = generate_tasks(["tool.use"], "train", 6, seed=0)
+    oplog.open_log(tmp_path / "operations.jsonl")
+    try:
+        calls = 0
+        for t in tasks:
+            env = make_env(t.env)
+            actions = list(t.actions) + ['<tool_call>{"name": "calculator"', "<tool_call>[1]</tool_call>"]
+            messages, _ = play(env, t, actions)
+            calls += sum(1 for m in messages if m["role"] == "assistant" and CALL_OPEN in m["content"])
+    finally:
+        oplog.close_log()
+    v = verify(tmp_path / "operations.jsonl")
+    assert v.intact and v.ops["tool_call"] == calls > 0
+
+
+def test_a_training_runs_log_accounts_for_every_sandbox_execution_and_verifies(tiny_model_dir, tmp_path,
+                                                                                monkeypatch):
+    # (every tool call of an episode: test_every_tool_call_of_scripted_episodes_is_logged; a random
+    # model makes none)
+    import rlvr.train.grpo as grpo
+    from hack_policy import HackPolicy
+    from rlvr.config import load_config
+    from rlvr.sandbox.audit import read_audit
+    from rlvr.train import sources
+
+    # code answers (programs the sandbox runs) among the random model's samples
+    monkeypatch.setattr(sources, "rollout", HackPolicy(["literal_expected"], per_step=2).wrap(sources.rollout))
+    cfg = load_config(grpo.GRPOConfig, None, [
+        f"model={tiny_model_dir}", f"out={tmp_path}", "domains=[code.gen]", "levels=[1]", "train_tasks=16",
+        "rollout.tasks_per_step=4", "rollout.samples_per_task=2", "rollout.max_new_tokens=16", "steps=2",
+        "checkpoint_every=100", "sandbox.audit=true"])
+    from rlvr.sandbox.config import close_shared_sandbox
+
+    close_shared_sandbox()  # the run opens its own, auditing into its directory
+    try:
+        grpo.run_grpo(cfg, progress=False)
+    finally:
+        close_shared_sandbox()
+    v = verify(tmp_path / "operations.jsonl")
+    assert v.intact and v.ops["log_opened"] == 1 and v.ops["log_closed"] == 1
+    assert v.ops["sandbox_exec"] == len(read_audit(tmp_path / "sandbox_audit.jsonl")) >= 4
