@@ -10,11 +10,12 @@ from the last whole record, saying so in a ``log_recovered`` record.
 
 Operations written (the ``op`` field): ``tool_call`` (every tool call of a tool environment, with
 the tool, a SHA-256 of its arguments, the outcome ``ok | error`` and the seconds),
-``sandbox_exec`` (every sandbox execution: task, kind, code hash, status, seconds) and
-``log_opened`` / ``log_recovered`` / ``log_closed``. A training run writes ``<run>/operations.jsonl``
-(``open_log``; the process's current log is what ``write`` appends to). ``verify(path)`` checks the
-chain; ``rlvr audit log PATH`` prints it. Not written yet: ``rlvr serve``'s requests and
-administrative actions.
+``sandbox_exec`` (every sandbox execution: task, kind, code hash, status, seconds), in
+``rlvr serve --op-log PATH`` ``http_request`` (method, path, status, outcome, client, a digest of
+the bearer key, never the key), ``model_load`` and ``weights_update``, and ``log_opened`` /
+``log_recovered`` / ``log_closed``. A training run writes ``<run>/operations.jsonl`` (``open_log``;
+the process's current log is what ``write`` appends to). ``verify(path)`` checks the chain;
+``rlvr audit log PATH`` prints it.
 """
 
 from __future__ import annotations

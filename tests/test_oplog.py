@@ -144,3 +144,34 @@ def test_a_training_runs_log_accounts_for_every_sandbox_execution_and_verifies(t
     v = verify(tmp_path / "operations.jsonl")
     assert v.intact and v.ops["log_opened"] == 1 and v.ops["log_closed"] == 1
     assert v.ops["sandbox_exec"] == len(read_audit(tmp_path / "sandbox_audit.jsonl")) >= 4
+
+
+def test_the_server_logs_every_request_and_the_model_load(tmp_path):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("httpx")
+    from fastapi.testclient import TestClient
+
+    from rlvr.model.tokenizer import train_tokenizer
+    from rlvr.serve.app import create_app
+    from rlvr.tasks.base import DOMAINS
+    from test_serve_filter import ScriptedEngine, ready
+
+    tokenizer = train_tokenizer(DOMAINS.get("math.word").corpus(0, 50), vocab_size=320)
+    engine = ScriptedEngine(tokenizer, "Answer: 42")
+    oplog.open_log(tmp_path / "operations.jsonl", actor="serve")
+    try:
+        app = create_app(lambda: (engine, tokenizer), model_name="m", api_key="k")
+        with TestClient(app) as client:
+            ready(client)
+            body = {"model": "m", "prompt": [5], "max_tokens": 3}
+            assert client.post("/v1/completions", json=body).status_code == 401  # no key
+            assert client.post("/v1/completions", json=body, headers={"Authorization": "Bearer k"}).status_code == 200
+    finally:
+        oplog.close_log()
+    v = verify(tmp_path / "operations.jsonl")
+    assert v.intact and v.ops["model_load"] == 1
+    calls = [r for r in map(json.loads, (tmp_path / "operations.jsonl").read_text().splitlines())
+             if r["op"] == "http_request" and r["path"] == "/v1/completions"]
+    assert [(r["status"], r["outcome"]) for r in calls] == [(401, "refused"), (200, "ok")]
+    assert calls[0]["key_sha256"] is None and calls[1]["key_sha256"] == oplog.digest("k")[:16]  # never the key
+    assert "Bearer k" not in (tmp_path / "operations.jsonl").read_text()

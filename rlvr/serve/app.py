@@ -33,6 +33,7 @@ from rlvr.serve.errors import (
     validation_handler,
 )
 from rlvr.serve.handlers import Call, chat_completion, completion
+from rlvr import oplog
 from rlvr.serve.metrics import ServeMetrics
 from rlvr.serve.protocol import ChatCompletionRequest, CompletionRequest, WeightsRequest
 
@@ -63,10 +64,13 @@ def create_app(load: Callable[[], tuple[object, object]], *, model_name: str, ap
     s = _Server(model_name, api_key, admin_token, content_filter)
 
     def _load() -> None:
+        started = time.monotonic()
         try:
             s.engine, s.tokenizer = load()
+            oplog.write("model_load", model=model_name, outcome="ok", seconds=round(time.monotonic() - started, 3))
         except BaseException as e:  # noqa: BLE001 - reported through /health and the callback
             s.load_error = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
+            oplog.write("model_load", model=model_name, outcome="error", error=s.load_error[:300])
             if on_load_error is not None:
                 on_load_error(e)
 
@@ -88,9 +92,15 @@ def create_app(load: Callable[[], tuple[object, object]], *, model_name: str, ap
 
     @app.middleware("http")
     async def count(request: Request, call_next):
+        started = time.monotonic()
         response = await call_next(request)
         if request.url.path != "/metrics":
             s.metrics.requests.labels(request.url.path, str(response.status_code)).inc()
+        key = _bearer(request)
+        oplog.write("http_request", method=request.method, path=request.url.path, status=response.status_code,
+                    outcome="ok" if response.status_code < 400 else "refused" if response.status_code < 500 else "error",
+                    client=request.client.host if request.client else None,
+                    key_sha256=oplog.digest(key)[:16] if key else None, seconds=round(time.monotonic() - started, 4))
         return response
 
     _openai_routes(app, s)
@@ -161,7 +171,9 @@ def _operations_routes(app: FastAPI, s: _Server) -> None:
         try:
             version = await asyncio.to_thread(engine.load_weights, body.path)
         except (UserError, ValueError) as e:
+            oplog.write("weights_update", path=body.path, outcome="error", error=str(e)[:300])
             raise ApiError(400, str(e), param="path") from None
+        oplog.write("weights_update", path=body.path, outcome="ok", version=version)
         return {"version": version, "path": body.path}
 
 

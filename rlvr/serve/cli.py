@@ -12,6 +12,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from rlvr import oplog
 from rlvr.content_filter import ContentFilter
 from rlvr.serve.config import SERVING_ENGINES, ServeConfig
 
@@ -73,7 +74,12 @@ def serve(cfg: ServeConfig) -> None:
                      on_load_error=on_load_error, content_filter=ContentFilter.parse(cfg.filter))
     server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning"))
     print(f"rlvr serve: {name} on http://{cfg.host}:{cfg.port} (batching {cfg.batching})", flush=True)
-    server.run()
+    if cfg.op_log:
+        oplog.open_log(cfg.op_log, actor="serve")
+    try:
+        server.run()
+    finally:
+        oplog.close_log()
     if failed:
         e = failed[0]
         raise e if isinstance(e, UserError) else UserError(f"the model did not load: {e}")

@@ -60,6 +60,9 @@ class ServeConfig:
     """--fast with --draft: draft tokens proposed per round."""
     quantize: str = ""
     """--fast: int8 quantises the decoder's Linear layers (CPU only; empty: none)."""
+    op_log: str = ""
+    """Operation log (rlvr/oplog.py): every HTTP request, the model load and weight updates,
+    hash-chained; empty: none."""
     filter: str = ""
     """Content rules every completion goes through (rlvr/content_filter.py): RULE[=redact|block],...
     or all; finish_reason content_filter where one acted; empty: none."""
