@@ -94,7 +94,9 @@ def test_the_attack_works_and_its_judge_sees_it_with_the_defence_off(default_sb,
         pytest.skip("not root: /etc/shadow is unreadable here even without a sandbox")
     with Context() as c:  # its own: the unsandboxed run really does write and connect
         outcome = run_control(default_sb, c, name)
+        left = attacks.still_alive(lambda: attacks.marker_pids(c.marker), grace=3.0)
         attacks.sweep(c.marker)
+    assert not left, f"the {name} control left processes behind: {left}"
     assert not outcome.blocked, f"{name} with its defence off was not seen to work: {outcome.detail}"
 
 

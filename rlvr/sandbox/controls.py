@@ -277,9 +277,12 @@ def _signal_host(sb, ctx: Context, name: str) -> Outcome:
 @control("ptrace")
 def _ptrace(sb, ctx: Context, name: str) -> Outcome:
     victim = ctx.victim()
+    marker = ctx.marker + "-ptrace"  # in the command line of its forked children too: they are found and killed
     with A.Watch([os.getpid()], extra=[victim.pid]) as w:
-        run_unsandboxed(A.fill_template(A.PTRACE_PROG, VICTIM=victim.pid), timeout=1.5, shell_parent=True)
+        run_unsandboxed(A.fill_template(A.PTRACE_PROG, VICTIM=victim.pid) + f"\n# {marker}\n", timeout=1.5,
+                        shell_parent=True)
     ctx.release(victim)
+    A.sweep(marker)  # a child its tracer left stopped would stay stopped forever
     return Outcome(not w.tracers, f"traced processes seen from the host: {len(w.tracers)}")
 
 
