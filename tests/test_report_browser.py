@@ -79,7 +79,7 @@ def test_the_report_renders_in_chromium_with_curves_and_a_trajectory(tmp_path):
         trajectory = page.locator("#traj-5-1")  # in the last step, open by default
         assert trajectory.is_visible() and trajectory.bounding_box()["height"] > 100
         assert "Compute: 2 + 2" in trajectory.inner_text()
-        page.locator('#alerts a[href="#traj-5-0"]').click()
+        page.locator('#alerts table.alerts:not(.groups) a[href="#traj-5-0"]').click()  # the per-alert table's link
         assert page.evaluate("location.hash") == "#traj-5-0"
         top = page.evaluate("document.getElementById('traj-5-0').getBoundingClientRect().top")
         header = page.evaluate("document.querySelector('header.top').getBoundingClientRect().bottom")
