@@ -33,7 +33,7 @@ def test_not_strict(gold, pred, strict, expected):
     assert compare_strings(gold, pred, strict=strict) == expected
 
 def test_no_table():
-    assert True
+    return None
 '''
 
 
