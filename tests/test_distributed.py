@@ -81,7 +81,10 @@ def test_two_processes_train_what_one_does_and_the_checkpoint_resumes_in_one(tin
     # rank 1 computed the same numbers (its own log: ranks/rank_1) and wrote nothing else
     assert _metrics(two / "ranks" / "rank_1") == _metrics(two)
     assert sorted(p.name for p in (two / "ranks" / "rank_1").iterdir()) == ["alerts.jsonl", "metrics.jsonl",
-                                                                             "trajectories"]
+                                                                             "operations.jsonl", "trajectories"]
+    from rlvr.oplog import verify
+
+    assert verify(two / "ranks" / "rank_1" / "operations.jsonl").intact  # its own chain
     w1, w2 = load_file(one / "final" / "model.safetensors"), load_file(two / "final" / "model.safetensors")
     assert all(torch.allclose(w1[k], w2[k], rtol=1e-4, atol=1e-6) for k in w1)
 

@@ -98,8 +98,8 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
         step = state["step"]
     logger = MetricsLogger(log_dir, resume_step=step if resume else None, tensorboard=group.is_main,
                            trackers=open_trackers(cfg.trackers, run_dir, to_dict(cfg)) if group.is_main else ())
-    if group.is_main:  # every tool call and sandbox execution of this process, hash-chained (rlvr.oplog)
-        oplog.open_log(log_dir / "operations.jsonl", actor="grpo")
+    # every tool call and sandbox execution of this process, hash-chained (rlvr.oplog); each rank its own
+    oplog.open_log(log_dir / "operations.jsonl", actor="grpo" if group.is_main else f"grpo rank {group.rank}")
     pusher = AlertPusher(cfg.monitor.push, run=str(run_dir)) if cfg.monitor.push.url and group.is_main else None
     alerts = AlertLog(log_dir, resume_step=step if resume else None, pusher=pusher)
     barrier()  # every rank's detectors start from rank 0's metrics history (truncated at the resumed step)
