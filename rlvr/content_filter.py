@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rlvr.errors import ConfigError
 from rlvr.registry import Registry
 
 
@@ -144,8 +145,6 @@ class ContentFilter:
         check_rule_names("--filter", list(actions))
         for rule, action in actions.items():
             if action not in ACTIONS:
-                from rlvr.errors import ConfigError
-
                 raise ConfigError(f"--filter {rule}={action}: the action must be one of {', '.join(ACTIONS)}")
         self.actions = dict(actions)
         self.blocks = [rule for rule, action in actions.items() if action == "block"]
@@ -178,8 +177,6 @@ class ContentFilter:
 
 def check_rule_names(key: str, names: list[str]) -> None:
     """``ConfigError`` naming ``key`` for a rule that is not registered."""
-    from rlvr.errors import ConfigError
-
     unknown = [n for n in names if n not in CONTENT_RULES]
     if unknown:
         raise ConfigError(f"'{key}' names unknown content rule(s) {unknown}; choose from: {', '.join(CONTENT_RULES.names())}")
