@@ -136,7 +136,7 @@ def test_recovering_expert_patches_wrong_then_right_and_no_op_patches_are_refuse
     line = t.spec.payload["files"]["ops.py"].splitlines()[1].strip()
     noop = format_call("replace", {"path": "ops.py", "old": line, "new": line})
     step = env.step(noop)
-    assert step.observation[0]["content"].startswith("error: old and new are the same")
+    assert step.observation[0]["content"].startswith("error: replace: old and new are the same")
     assert not step.done
 
 

@@ -125,7 +125,7 @@ def test_tracks_and_replay():
     assert replay(calls, ["5", "25"], ["8"], calculate) == "40"
     assert replay(calls, ["5", "25"], [None], calculate) is None
     # a calculation replayed: each operand from each of its sources, on each copy
-    from rlvr.envs.tool_use import _evaluate
+    from rlvr.envs.bodies.calculator import evaluate as _evaluate
 
     known = {34.0: [("41", "40", "37", "36")], 7.0: [("7",) * 4]}
     assert calc_replays("-(34 - 7) * 7", known, 4, _evaluate) == [("-238", "-231", "-210", "-203")]

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from rlvr.config import check_range
 from rlvr import oplog
+from rlvr.envs.grants import Grant, GrantRefused, check_paths
 from rlvr.envs.tools import Tool, ToolCallError, cut_result, parse_tool_call, run_tool, tool_message
 from rlvr.tool_calls import CALL_OPEN
 from rlvr.registry import Registry
@@ -159,7 +160,14 @@ class ToolEnv(Environment):
     arguments give an ``error: ...`` tool message and the episode goes on (the turn counts). A
     turn without any call goes to ``on_text`` (tool.use reads a final answer there; the default
     is an error observation). A tool ends the episode by calling ``self.finish_with(reason)``.
+
+    ``grants`` declares, per tool the environment may offer, what it may touch
+    (``rlvr.envs.grants``; None: a control tool that runs no code). A call outside its grant is
+    refused (an ``error: TOOL: refused: ...`` observation) and recorded in the operation log
+    with outcome ``refused``, the violation and the grant; every call records its grant.
     """
+
+    grants: ClassVar[dict[str, Grant | None]] = {}
 
     def reset(self, task: Task) -> list[Message]:
         self._done_reason = ""
@@ -179,7 +187,7 @@ class ToolEnv(Environment):
             raise RuntimeError(f"step() after the episode ended ({self.finish})")
         self.turns += 1
         started = time.perf_counter()
-        call = None
+        call, refused = None, ""
         try:
             call = parse_tool_call(action)
             if call is None:
@@ -188,13 +196,19 @@ class ToolEnv(Environment):
                     return handled
                 name, result = "error", "error: no tool call; call one tool per turn as <tool_call>{...}</tool_call>"
             else:
-                name, result = call.name, run_tool({t.name: t for t in self.tools()}, call)
+                name, result = call.name, run_tool({t.name: t for t in self.tools()}, call, _check_grant)
+        except GrantRefused as e:
+            name, result, refused = "error", cut_result(str(e)), e.kind
         except ToolCallError as e:
             name, result = "error", cut_result(str(e))  # errors quote the call, of any length
         if call is not None or CALL_OPEN in action:  # every attempted call, a malformed one too
+            grant = self.grants.get(call.name) if call else None
             oplog.write("tool_call", task=self.task.id, tool=call.name if call else "(malformed)",
                         args_sha256=oplog.digest(call.arguments if call else action),
-                        outcome="error" if name == "error" else "ok", seconds=round(time.perf_counter() - started, 5))
+                        outcome="refused" if refused else "error" if name == "error" else "ok",
+                        **({"violation": refused} if refused else {}),
+                        grant=grant.describe() if grant is not None else None,
+                        seconds=round(time.perf_counter() - started, 5))
         if self._done_reason:
             return self._end(self._done_reason)
         if self.turns >= self.cfg.max_turns:
@@ -203,6 +217,11 @@ class ToolEnv(Environment):
         if self.env_seconds > self.cfg.wall_s:
             return self._end("wall")
         return Step((tool_message(name, result),), False, "")
+
+
+def _check_grant(tool: Tool, arguments: dict[str, Any]) -> None:
+    if tool.grant is not None and tool.paths:
+        check_paths(tool.name, tool.grant, tool.paths, arguments)
 
 
 def make_env(name: str, cfg: EnvConfig | None = None, sandbox: Any = None) -> Environment:

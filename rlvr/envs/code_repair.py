@@ -26,13 +26,15 @@ from __future__ import annotations
 from typing import Any
 
 from rlvr.envs.base import ENVS, EnvConfig, ToolEnv
+from rlvr.envs.bodies import files
+from rlvr.envs.bodies.files import MAX_FILE_CHARS, MAX_FILES, OK
+from rlvr.envs.grants import Grant, run_granted
 from rlvr.envs.tools import Tool, ToolCallError
 from rlvr.sandbox import plaindata
-from rlvr.tasks.code_repair import OK, SHIM, replace_once, runner_program
+from rlvr.tasks.code_repair import SHIM, runner_program
 from rlvr.types import Message, Task, Verdict
 
-MAX_FILE_CHARS = 4000  # a write_file/replace result longer than this is refused
-MAX_FILES = 32  # files the workspace may hold (write_file refuses new ones past it)
+__all__ = ["MAX_FILES", "MAX_FILE_CHARS", "CodeRepairEnv"]
 TESTS_WALL_S = 3.0  # run_tests
 HIDDEN_WALL_S = 5.0  # the hidden tests at verify time
 MAX_TESTS_OUTPUT = 600
@@ -47,6 +49,14 @@ def _limits(wall_s: float):
 @ENVS.register("code.repair")
 class CodeRepairEnv(ToolEnv):
     name = "code.repair"
+    grants = {
+        "list_files": Grant(read=("*",), wall_s=2.0, memory_mb=512, output_kb=8),
+        "read_file": Grant(read=("*",), wall_s=2.0, memory_mb=512, output_kb=16),
+        "write_file": Grant(read=("*",), write=("*",), wall_s=2.0, memory_mb=512, output_kb=1),
+        "replace": Grant(read=("*",), write=("*",), wall_s=2.0, memory_mb=512, output_kb=1),
+        "run_tests": Grant(read=("*",), wall_s=TESTS_WALL_S, memory_mb=1024, output_kb=16),
+        "submit": None,
+    }
 
     def __init__(self, cfg: EnvConfig | None = None, *, sandbox: Any = None) -> None:
         super().__init__(cfg, sandbox=sandbox)
@@ -56,16 +66,18 @@ class CodeRepairEnv(ToolEnv):
         self._protected: set[str] = set()
         self._tamper: list[str] = []
         self.restored = False  # whether the last reset took the restore path (tests, benchmarks)
+        g = self.grants
         self._tools = [
-            Tool("list_files", "List the project's files.", self._list_files),
+            Tool("list_files", "List the project's files.", self._list_files, grant=g["list_files"]),
             Tool("read_file", "Read a file.", self._read_file,
-                 {"path": ("string", "file path")}),
+                 {"path": ("string", "file path")}, grant=g["read_file"], paths={"path": "read"}),
             Tool("write_file", "Write a whole file.", self._write_file,
-                 {"path": ("string", "file path"), "content": ("string", "new text")}),
+                 {"path": ("string", "file path"), "content": ("string", "new text")},
+                 grant=g["write_file"], paths={"path": "write"}),
             Tool("replace", "Replace text that occurs once in a file.", self._replace,
                  {"path": ("string", "file path"), "old": ("string", "text to find"),
-                  "new": ("string", "replacement")}),
-            Tool("run_tests", "Run the tests.", self._run_tests),
+                  "new": ("string", "replacement")}, grant=g["replace"], paths={"path": "write"}),
+            Tool("run_tests", "Run the tests.", self._run_tests, grant=g["run_tests"]),
             Tool("submit", "Submit the fixed project.", self._submit),
         ]
 
@@ -92,7 +104,8 @@ class CodeRepairEnv(ToolEnv):
 
         protected = set(payload["protected"])
         files = payload["files"]
-        ws = Workspace.create({p: t for p, t in files.items() if p not in protected})
+        # Writable (0o666): the file tools run in the sandbox as a slot uid, not the owner.
+        ws = Workspace.create({p: t for p, t in files.items() if p not in protected}, writable=True)
         try:
             for path in payload["protected"]:
                 ws.write(path, files[path], mode=0o444)
@@ -120,57 +133,36 @@ class CodeRepairEnv(ToolEnv):
 
         return current_sandbox()
 
-    # -- tools (arguments are checked against the schema by ``run_tool``) --
+    # -- tools (arguments are checked against the schema and the grant by ``run_tool``) --
 
-    def _file(self, path: str) -> str:
-        try:
-            return self._ws.read(path)
-        except FileNotFoundError:
-            raise ToolCallError(f"error: no file {path}") from None
-        except (OSError, ValueError) as e:  # a directory, a bad path, not text, ...
-            raise ToolCallError(f"error: cannot read {path}: {type(e).__name__}") from None
+    def _granted(self, tool: str, body, **arguments) -> str:
+        return run_granted(self._sandbox(), tool, body, self.grants[tool], arguments,
+                           workdir=self._ws.path, task_id=self.task.id)
 
-    def _put(self, path: str, content: str) -> str:
+    def _put(self, tool: str, path: str, **arguments) -> str:
         if path in self._protected:  # workspace paths are normalized: no "./x" or "a/../x"
             self._tamper.append(path)
             raise ToolCallError(f"error: {path} is a test file; it is read-only")
-        if len(content) > MAX_FILE_CHARS:
-            raise ToolCallError(f"error: content too long (over {MAX_FILE_CHARS} characters)")
-        try:
-            files = self._ws.list()
-            if path not in files and len(files) >= MAX_FILES:
-                raise ToolCallError(f"error: too many files (at most {MAX_FILES})")
-            self._ws.write(path, content)
-        except (OSError, ValueError) as e:
-            raise ToolCallError(f"error: cannot write {path}: {str(e)[:80]}") from None
-        return OK
+        return self._granted(tool, getattr(files, tool), path=path, **arguments)
 
     def _list_files(self) -> str:
-        return "\n".join(self._ws.list())
+        return self._granted("list_files", files.list_files)
 
     def _read_file(self, path: str) -> str:
-        return self._file(path)
+        return self._granted("read_file", files.read_file, path=path)
 
     def _write_file(self, path: str, content: str) -> str:
-        return self._put(path, content)
+        return self._put("write_file", path, content=content)
 
     def _replace(self, path: str, old: str, new: str) -> str:
-        if path in self._protected:
-            return self._put(path, "")  # refused and recorded
-        if old == new:
-            raise ToolCallError("error: old and new are the same; nothing changed")
-        try:
-            text = replace_once(self._file(path), old, new)
-        except ValueError as e:
-            raise ToolCallError(f"error: old text {e} in {path}") from None
-        return self._put(path, text)
+        return self._put("replace", path, old=old, new=new)
 
     def _run_tests(self) -> str:
         from rlvr.sandbox.types import Job
 
         job = Job.run_program(runner_program(self._payload["tests"]), workdir=self._ws.path,
-                              protected=tuple(self._payload["protected"]),
-                              limits=_limits(TESTS_WALL_S), task_id=self.task.id)
+                              protected=tuple(self._payload["protected"]), read_only=True,
+                              limits=self.grants["run_tests"].limits(), task_id=self.task.id)
         r = self._sandbox().run(job)
         if r.tampered:
             self._tamper += r.tampered

@@ -7,13 +7,12 @@ Tools (offered per task: ``calculator`` always, ``sql`` when the task has a data
                             node; never ``eval``. Magnitudes are bounded.
     sql(query)              one read-only statement on the table ``items(name, kind, price, qty)``.
 
-Model output never runs outside the sandbox: the query and the rows go (as JSON on stdin) to a
-trusted runner program in the sandbox, which builds an in-memory sqlite3 database and runs the
-query under an authorizer that allows only SELECT, FUNCTION and READ of ``items`` (so no
-ATTACH, PRAGMA, INSERT, DROP, sqlite_master, ...), a progress-handler instruction limit and a
-string-length limit. The result is compact: one value as itself, several rows one per line
-(columns joined by ``", "``), at most ``MAX_ROWS``.
-The calculator runs in-process: it only walks an ``ast`` of numbers and operators.
+Both tools run in the sandbox, each under its grant (``grants``; ``rlvr.envs.grants``): their
+bodies are ``rlvr.envs.bodies.calculator`` (an ``ast`` walk, never ``eval``) and
+``rlvr.envs.bodies.sql`` (an in-memory sqlite3 database built from the task's rows, the query
+under an authorizer that allows only SELECT, FUNCTION and READ of ``items``, an instruction
+limit, at most ten rows shown). Grounding replays of calculator expressions (verifier
+work, numbers only) use the same ``ast`` walker in-process.
 
 An assistant turn without a tool call is the final answer and ends the episode. The verdict:
 
@@ -38,12 +37,14 @@ for ``reward.outcome: score`` (the agentic recipe uses it for ``tool.use``).
 
 from __future__ import annotations
 
-import ast
 import json
-import math
 from typing import Any
 
 from rlvr.envs.base import ENVS, EnvConfig, Step, ToolEnv
+from rlvr.envs.bodies import sql as sql_body
+from rlvr.envs.bodies.calculator import calculate, evaluate, format_number
+from rlvr.envs.bodies.sql import format_rows
+from rlvr.envs.grants import Grant, run_granted
 from rlvr.envs.tool_grounding import (
     COPIES,
     MAX_VECTORS,
@@ -68,152 +69,11 @@ TABLE = "items"
 COLUMNS = ("name", "kind", "price", "qty")
 SCHEMA = f"{TABLE}({', '.join(COLUMNS)})"
 
-MAX_EXPRESSION_CHARS = 200
-MAX_NODES = 60
-MAX_MAGNITUDE = 10**18
-MAX_POWER = 64  # largest exponent of **
-MAX_QUERY_CHARS = 500
-MAX_ROWS = 10  # rows shown in an sql result
-MAX_CELL_CHARS = 40
-SQL_STEPS = 20_000  # progress-handler calls (every 1000 VM instructions): ~2e7 instructions
-MAX_ERROR_CHARS = 160
-
 BATCH_WALL_S = 10.0  # the grounding job (every query on every perturbed copy)
 
+__all__ = ["FOUND_SCORE", "ToolUseEnv", "calculate"]
+
 FOUND_SCORE = 0.5  # score of a failed verdict whose tool result alone was the gold value
-
-
-# ---------------------------------------------------------------- calculator (in-process, ast only)
-
-
-def format_number(x: float) -> str:
-    """``12`` -> ``"12"``, ``5.0`` -> ``"5"``, ``1/3`` -> ``"0.333333"``."""
-    if isinstance(x, int):
-        return str(x)
-    if x.is_integer():
-        return str(int(x))
-    return repr(round(x, 6))
-
-
-def _check(x: float) -> float:
-    if isinstance(x, float) and not math.isfinite(x):
-        raise ToolCallError("error: calculator: the result is not a finite number")
-    if abs(x) > MAX_MAGNITUDE:
-        raise ToolCallError("error: calculator: number too large")
-    return x
-
-
-def _eval(node: ast.AST) -> int | float:
-    if isinstance(node, ast.Expression):
-        return _eval(node.body)
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return _check(node.value)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        v = _eval(node.operand)
-        return -v if isinstance(node.op, ast.USub) else v
-    if isinstance(node, ast.BinOp):
-        a, b = _eval(node.left), _eval(node.right)
-        op = node.op
-        if isinstance(op, ast.Add):
-            return _check(a + b)
-        if isinstance(op, ast.Sub):
-            return _check(a - b)
-        if isinstance(op, ast.Mult):
-            return _check(a * b)
-        if isinstance(op, (ast.Div, ast.FloorDiv, ast.Mod)):
-            if b == 0:
-                raise ToolCallError("error: calculator: division by zero")
-            if isinstance(op, ast.Div):
-                return _check(a / b)
-            return _check(a // b if isinstance(op, ast.FloorDiv) else a % b)
-        if isinstance(op, ast.Pow):
-            if not isinstance(b, int) or not 0 <= b <= MAX_POWER:
-                raise ToolCallError(f"error: calculator: exponent must be an integer 0..{MAX_POWER}")
-            if a != 0 and abs(a) != 1 and b * math.log10(abs(a)) > 18:
-                raise ToolCallError("error: calculator: number too large")
-            return _check(a**b)
-    raise ToolCallError("error: calculator: only numbers, + - * / // % **, and parentheses")
-
-
-def _evaluate(tree: ast.AST) -> str:
-    """A parsed expression's value (the calculator without its length limits: replays)."""
-    return format_number(_eval(tree))
-
-
-def calculate(expression: str) -> str:
-    """Evaluate arithmetic safely (``ast`` walk, bounded); raises ``ToolCallError``."""
-    if len(expression) > MAX_EXPRESSION_CHARS:
-        raise ToolCallError("error: calculator: expression too long")
-    try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        raise ToolCallError("error: calculator: invalid expression") from None
-    if sum(1 for _ in ast.walk(tree)) > MAX_NODES:
-        raise ToolCallError("error: calculator: expression too long")
-    try:
-        return format_number(_eval(tree))
-    except (OverflowError, RecursionError):
-        raise ToolCallError("error: calculator: number too large") from None
-
-
-# ---------------------------------------------------------------- sql (in the sandbox)
-
-# Trusted program run in the sandbox. stdin {"rows": [...], "query": str}: stdout one JSON line
-# {"ok", "rows", "more", "read"} or {"ok": false, "error"}; or stdin {"tables": [rows, ...],
-# "runs": [[table index, query], ...]}: stdout {"outs": [one such dict per run]} (grounding).
-SQL_RUNNER = r"""
-import json, sqlite3, sys
-def run(rows, query):
-    try:
-        conn = sqlite3.connect(":memory:")
-        conn.execute("CREATE TABLE items(name TEXT, kind TEXT, price INTEGER, qty INTEGER)")
-        conn.executemany("INSERT INTO items VALUES (?, ?, ?, ?)", rows)
-        if hasattr(conn, "setlimit"):
-            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 100000)
-            conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-        allowed = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_FUNCTION, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
-        read = [False]
-        def authorize(action, arg1, arg2, db, trigger):
-            if action == sqlite3.SQLITE_READ:  # columns of the one table only (no sqlite_master)
-                read[0] = read[0] or arg1 == "items"
-                return sqlite3.SQLITE_OK if arg1 == "items" else sqlite3.SQLITE_DENY
-            return sqlite3.SQLITE_OK if action in allowed else sqlite3.SQLITE_DENY
-        conn.set_authorizer(authorize)
-        steps = [0]
-        def progress():
-            steps[0] += 1
-            return 1 if steps[0] > STEPS else 0
-        conn.set_progress_handler(progress, 1000)
-        cur = conn.execute(query)
-        rows = cur.fetchmany(MAX_ROWS + 1)
-        def cell(v):
-            if v is None:
-                return "NULL"
-            if isinstance(v, float):
-                return str(int(v)) if v.is_integer() and abs(v) < 1e18 else repr(round(v, 6))
-            if isinstance(v, bytes):
-                return "<blob>"
-            return str(v)[:MAX_CELL]
-        return {"ok": True, "rows": [", ".join(cell(v) for v in r) for r in rows[:MAX_ROWS]],
-                "more": len(rows) > MAX_ROWS, "read": read[0]}
-    except Exception as e:
-        msg = "query too long to run" if "interrupted" in str(e) else str(e)
-        return {"ok": False, "error": msg}
-req = json.loads(sys.stdin.read())
-if "runs" in req:
-    out = {"outs": [run(req["tables"][t], q) for t, q in req["runs"]]}
-else:
-    out = run(req["rows"], req["query"])
-sys.stdout.write(json.dumps(out) + "\n")
-"""
-SQL_RUNNER = (SQL_RUNNER.replace("STEPS", str(SQL_STEPS)).replace("MAX_ROWS", str(MAX_ROWS))
-              .replace("MAX_CELL", str(MAX_CELL_CHARS)))
-
-
-def format_rows(rows: list[str], more: bool) -> str:
-    if not rows:
-        return "(no rows)"
-    return "\n".join(rows) + ("\n..." if more else "")
 
 
 # ---------------------------------------------------------------- the environment
@@ -233,6 +93,8 @@ class ToolUseEnv(ToolEnv):
     """See the module docstring. ``self.log``: one dict per call that reached a tool."""
 
     name = "tool.use"
+    grants = {"calculator": Grant(wall_s=1.0, memory_mb=512, output_kb=1),
+              "sql": Grant(wall_s=3.0, memory_mb=1024, output_kb=16)}
 
     def __init__(self, cfg: EnvConfig | None = None, *, sandbox: Any = None) -> None:
         super().__init__(cfg, sandbox=sandbox)
@@ -248,10 +110,10 @@ class ToolUseEnv(ToolEnv):
 
     def tools(self) -> list[Tool]:
         tools = [Tool("calculator", "arithmetic, e.g. 12 * (3 + 4)", self._calculator,
-                      {"expression": ("string", "the expression")})]
+                      {"expression": ("string", "the expression")}, grant=self.grants["calculator"])]
         if self.task is not None and self.task.spec.payload.get("rows"):
             tools.append(Tool("sql", f"one SELECT on {SCHEMA}", self._sql,
-                              {"query": ("string", "the SQL query")}))
+                              {"query": ("string", "the SQL query")}, grant=self.grants["sql"]))
         return tools
 
     def _record(self, name: str, arguments: dict, result: str, ok: bool, read: bool = False) -> None:
@@ -259,7 +121,8 @@ class ToolUseEnv(ToolEnv):
 
     def _calculator(self, expression: str) -> str:
         try:
-            result = calculate(expression)
+            result = run_granted(self._sandbox(), "calculator", calculate, self.grants["calculator"],
+                                 {"expression": expression}, task_id=self.task.id)
         except ToolCallError as e:
             self._record("calculator", {"expression": expression}, str(e), False)
             raise
@@ -284,24 +147,10 @@ class ToolUseEnv(ToolEnv):
         return result
 
     def _run_sql(self, query: str) -> tuple[str, bool]:
-        from rlvr.sandbox.types import Job, Limits
-
-        if len(query) > MAX_QUERY_CHARS:
-            raise ToolCallError("error: sql: query too long")
-        stdin = json.dumps({"rows": self.task.spec.payload["rows"], "query": query})
-        job = Job.run_program(SQL_RUNNER, stdin=stdin,
-                              limits=Limits(wall_s=3.0, cpu_s=2, memory_mb=1024, output_kb=16))
-        r = self._sandbox().run(job)
-        if r.status != "ok":
-            raise ToolCallError(f"error: sql: the query did not finish ({r.status})")
-        try:
-            out = json.loads(r.stdout.strip().splitlines()[-1])
-        except (json.JSONDecodeError, IndexError):
-            raise ToolCallError("error: sql: the query failed") from None
-        if not out.get("ok"):
-            msg = str(out.get("error", "failed"))[:MAX_ERROR_CHARS]
-            raise ToolCallError(f"error: sql: {msg}")
-        return format_rows(list(out["rows"]), bool(out.get("more"))), bool(out.get("read"))
+        out = run_granted(self._sandbox(), "sql", sql_body.sql, self.grants["sql"], {"query": query},
+                          context={"rows": self.task.spec.payload["rows"]}, task_id=self.task.id)
+        text, _, read = out.rpartition("\nread: ")
+        return text, read == "1"
 
     # -- episode
 
@@ -333,7 +182,7 @@ class ToolUseEnv(ToolEnv):
                 tracked = golds is None or tracks(result, runs, gold, golds, answers_equal)
                 new = sql_vectors(result, runs)
             else:
-                replays = calc_replays(entry["arguments"]["expression"], known, copies, _evaluate)
+                replays = calc_replays(entry["arguments"]["expression"], known, copies, evaluate)
                 if replays is None:
                     continue  # a number from neither the question nor a grounded result
                 tracked = not has_db or calc_tracks(replays, gold, golds, answers_equal)
@@ -380,21 +229,17 @@ class ToolUseEnv(ToolEnv):
     def _run_batch(self, tables: list[list[list]], queries: list[str]) -> list[str | None]:
         """Each query on each table (query-major), in one sandbox job: the formatted result, or
         None where it failed. All None if the job itself failed (fail closed)."""
-        from rlvr.sandbox.types import Job, Limits
-
         runs = [[k, q] for q in queries for k in range(len(tables))]
         if not runs:
             return []
         wall = min(BATCH_WALL_S, 1.0 + 0.5 * len(runs))
-        job = Job.run_program(SQL_RUNNER, stdin=json.dumps({"tables": tables, "runs": runs}),
-                              limits=Limits(wall_s=wall, cpu_s=max(1, int(wall)), memory_mb=1024,
-                                            output_kb=64))
-        r = self._sandbox().run(job)
+        grant = Grant(wall_s=wall, memory_mb=1024, output_kb=64)
         try:
-            outs = json.loads(r.stdout.strip().splitlines()[-1])["outs"] if r.status == "ok" else []
-        except (json.JSONDecodeError, IndexError, KeyError, TypeError):
+            outs = json.loads(run_granted(self._sandbox(), "sql", sql_body.batch, grant, {},
+                                          context={"tables": tables, "runs": runs}, task_id=self.task.id))
+        except (ToolCallError, json.JSONDecodeError):
             outs = []
-        if len(outs) != len(runs):
+        if not isinstance(outs, list) or len(outs) != len(runs):
             return [None] * len(runs)
         return [format_rows(list(o["rows"]), bool(o.get("more"))) if o.get("ok") else None
                 for o in outs]

@@ -32,6 +32,12 @@ class Tool:
     fn: Callable[..., str]
     parameters: dict[str, tuple[str, str]] = field(default_factory=dict)
     required: tuple[str, ...] | None = None  # None: every parameter is required
+    grant: Any = None
+    """What the tool may touch (``rlvr.envs.grants.Grant``); None: a control tool that runs no
+    code of its own (``submit``), or a test environment's in-process tool."""
+    paths: dict[str, str] = field(default_factory=dict)
+    """Arguments that name a workspace path -> ``read`` | ``write``: checked against the grant
+    before the tool runs."""
 
     def schema(self) -> dict[str, Any]:
         """The function schema ``apply_chat_template(tools=...)`` renders (OpenAI format)."""
@@ -80,10 +86,12 @@ def parse_tool_call(text: str) -> ToolCall | None:
     return ToolCall(obj["name"], args)
 
 
-def run_tool(tools: dict[str, Tool], call: ToolCall) -> str:
-    """Check ``call`` against the tool's parameters and run it. Raises ``ToolCallError`` for an
-    unknown tool or wrong arguments; the tool's own ``ToolCallError`` passes through. The result
-    is cut to ``MAX_RESULT_CHARS``."""
+def run_tool(tools: dict[str, Tool], call: ToolCall,
+             check: Callable[[Tool, dict[str, Any]], None] | None = None) -> str:
+    """Check ``call`` against the tool's parameters (then ``check(tool, arguments)``, the
+    grant's path check) and run it. Raises ``ToolCallError`` for an unknown tool or wrong
+    arguments; the tool's own ``ToolCallError`` passes through. The result is cut to
+    ``MAX_RESULT_CHARS``."""
     tool = tools.get(call.name)
     if tool is None:
         raise ToolCallError(f"error: unknown tool {call.name!r}; tools: {', '.join(sorted(tools))}")
@@ -98,6 +106,8 @@ def run_tool(tools: dict[str, Tool], call: ToolCall) -> str:
         want = _JSON_TYPES.get(tool.parameters[arg][0], object)
         if not isinstance(value, want) or (want is not bool and isinstance(value, bool)):
             raise ToolCallError(f"error: argument {arg} of {call.name} must be a {tool.parameters[arg][0]}")
+    if check is not None:
+        check(tool, call.arguments)
     return cut_result(tool.fn(**call.arguments))
 
 

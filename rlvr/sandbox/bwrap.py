@@ -21,7 +21,7 @@ def find() -> str | None:
 
 
 def wrap(bwrap: str, argv: list[str], workdir: str, protected: list[str],
-         read_only: list[str], env: dict[str, str]) -> list[str]:
+         read_only: list[str], env: dict[str, str], *, workdir_read_only: bool = False) -> list[str]:
     cmd = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
            "--clearenv", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for path in read_only:
@@ -29,7 +29,7 @@ def wrap(bwrap: str, argv: list[str], workdir: str, protected: list[str],
             cmd += ["--symlink", os.readlink(path), path]
         elif os.path.exists(path):
             cmd += ["--ro-bind", path, path]
-    cmd += ["--bind", workdir, workdir]
+    cmd += ["--ro-bind" if workdir_read_only else "--bind", workdir, workdir]
     for rel in protected:
         path = os.path.join(workdir, rel)
         cmd += ["--ro-bind", path, path]

@@ -13,7 +13,7 @@ Four kinds of job:
 
 Every job runs over a workspace: ``files`` written into a fresh directory, or an existing
 ``workdir`` (a ``Workspace`` snapshot). Files named in ``protected`` are read-only to the
-candidate and hash-checked after the run.
+candidate and hash-checked after the run; ``read_only`` makes the whole workspace read-only.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ class Job:
     env: dict[str, str] = field(default_factory=dict)
     limits: Limits = Limits()
     task_id: str = ""
+    read_only: bool = False  # the workspace is read-only to the run (landlock; bwrap: --ro-bind)
 
     @classmethod
     def io(cls, program: str, entry_point: str, inputs, **kw) -> Job:
@@ -85,6 +86,7 @@ class Job:
             "inputs": plaindata.dumps([tuple(a) for a in self.inputs]), "argv": list(self.argv),
             "stdin": self.stdin, "files": self.files, "protected": list(self.protected),
             "workdir": self.workdir, "env": self.env, "limits": self.limits.to_dict(),
+            "read_only": self.read_only,
         }
 
 

@@ -229,7 +229,8 @@ class Worker:
             # The weak backend forbids new processes, so a tests job filters after its split.
             split_first = not self.plan.pid_namespace and job["kind"] == "tests"
             isolate.enter(self.plan, ws, job["limits"], keep, landlock=not use_bwrap,
-                          filter_syscalls=not (use_bwrap or split_first), parent_fd=1)
+                          filter_syscalls=not (use_bwrap or split_first), parent_fd=1,
+                          read_only=bool(job.get("read_only")))
         except BaseException:  # noqa: BLE001 - never run untrusted code half-isolated
             os.write(2, f"{SETUP_FAILED}: {traceback.format_exc()}".encode())
             harness.flush_and_exit(70)
@@ -262,7 +263,8 @@ class Worker:
             argv[0] = sys.executable  # the interpreter rlvr runs on, with its packages
         if use_bwrap:
             argv = bwrap.wrap(self.cfg["bwrap"], argv, ws, job.get("protected", []),
-                           isolate.SYSTEM_READ_ONLY + isolate.python_paths(), env)
+                           isolate.SYSTEM_READ_ONLY + isolate.python_paths(), env,
+                           workdir_read_only=bool(job.get("read_only")))
             env = {}
         path = shutil.which(argv[0], path=env.get("PATH", "/usr/bin:/bin")) or argv[0]
         os.execve(path, argv, env)

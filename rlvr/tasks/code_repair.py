@@ -54,7 +54,7 @@ NAME = "code.repair"
 HIDDEN_BUGGY, HIDDEN_OTHER = 6, 3  # hidden inputs for the buggy function / every other one
 # code_funcs levels each repair level draws its functions from
 FUNC_LEVELS = {1: (1, 2), 2: (1, 2, 3), 3: (1, 2, 3), 4: (2, 3, 4)}
-OK = "ok"  # what a successful edit answers
+OK = "ok"  # what a successful edit answers (rlvr.envs.bodies.files.OK, which runs in the sandbox)
 MAX_FILE = 250  # characters per file (module or tests); longer drafts are drawn again
 RECOVER_FRAC = 0.5  # problems whose expert tries a wrong patch first, runs the tests, corrects
 
@@ -136,14 +136,6 @@ def visible_result(func: Func, args: tuple, got: Any) -> tuple[str, str | None]:
 
 def runner_program(test_paths: list[str]) -> str:
     return f"PATHS = {list(test_paths)!r}\n" + RUNNER
-
-
-def replace_once(text: str, old: str, new: str) -> str:
-    """``text`` with the one occurrence of ``old`` replaced; ValueError if not exactly one."""
-    n = text.count(old) if old else 0
-    if n != 1:
-        raise ValueError("not found" if n == 0 else f"found {n} times; make old longer")
-    return text.replace(old, new, 1)
 
 
 def transcript(prompt: str, turns: list[tuple[str, str | None]]) -> str:
