@@ -519,6 +519,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rlvr.audit.commands import add_parser as add_audit_parser
 
     add_audit_parser(sub, _file_flags, _file_entries)  # rlvr audit rewards
+    from rlvr.envs.commands import add_parser as add_envs_parser
+
+    add_envs_parser(sub)  # rlvr envs list|show
     p = sub.add_parser("sandbox", help="sandbox self-test (attack suite), benchmark, or info")
     p.add_argument("action", choices=["check", "bench", "info"])
     p.add_argument("--allow-weak", action="store_true", help="check: run even on the weak backend")

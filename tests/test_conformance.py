@@ -18,6 +18,11 @@ function that raises ``AssertionError`` naming what is wrong:
   huge arguments) give an error observation (or a failed verdict where the turn ends the episode),
   never an exception, and the episode goes on; the turn and wall budgets end and fail an episode;
   a cut (token budgets) fails it; ``close`` is idempotent.
+- ``check_env_grants``: every tool an environment offers is declared in its ``grants`` with that
+  grant (None only for a control tool, which runs no sandbox job); each call of the expert runs
+  only sandbox jobs with its tool's limits and workspace mode; a path argument outside the
+  workspace or the grant is refused without a job; and probes run under each grant (read
+  outside, write where only reading is allowed, open a socket, start a process) are refused.
 - ``check_advantage`` / ``check_policy_loss`` / ``check_aggregation`` / ``check_kl``: shapes and
   dtypes of the registry signature, finite outputs, gradients where they belong, and an invariant
   (a constant-reward group has advantage 0; KL of identical log-probs is 0 and its expectation is
@@ -87,7 +92,7 @@ from rlvr.algos.preference import PREFERENCE_LOSSES
 from rlvr.audit.hacks import HACKS
 from rlvr.envs.base import (BUDGET_FINISHES, ENVS, NATURAL_FINISHES, EnvConfig, Environment, Step, ToolEnv,
                             make_env, play)
-from rlvr.envs.tools import MAX_RESULT_CHARS, Tool
+from rlvr.envs.tools import MAX_RESULT_CHARS, Tool, parse_tool_call
 from rlvr.eval.suites import SUITES, fingerprint, tasks_of
 from rlvr.monitor.alerts import SEVERITIES
 from rlvr.monitor.config import SAMPLE_ACTIONS, STEP_ACTIONS, MonitorConfig
@@ -540,6 +545,84 @@ def check_env(name: str, sandbox=None) -> None:
     finally:
         env.close()
         env.close()  # idempotent
+
+
+class _Recording:
+    """A sandbox that remembers the jobs it ran (``check_env_grants``)."""
+
+    def __init__(self, sandbox) -> None:
+        self.sandbox, self.jobs = sandbox, []
+
+    def run(self, job):
+        self.jobs.append(job)
+        return self.sandbox.run(job)
+
+
+def check_env_grants(name: str, sandbox=None) -> None:
+    """Least privilege (``rlvr.envs.grants``): see the module docstring."""
+    from grant_probes import connect, read_path, spawn, write_path
+    from rlvr.envs.grants import Grant, GrantRefused, run_granted
+    from rlvr.sandbox.workspace import Workspace
+
+    cls = ENVS.get(name)
+    declared = getattr(cls, "grants", {})
+    assert all(g is None or isinstance(g, Grant) for g in declared.values()), f"{name}: grants {declared!r}"
+    if not issubclass(cls, ToolEnv):
+        return
+    rec = _Recording(sandbox)
+    env = cls(EnvConfig(max_turns=1000, wall_s=600.0), sandbox=rec)
+    offered: set[str] = set()
+    try:
+        for task in env_tasks(name):
+            env.reset(task)
+            tools = {t.name: t for t in env.tools()}
+            offered |= set(tools)
+            for tool in tools.values():
+                assert tool.name in declared, f"{name}: tool {tool.name} has no declared grant"
+                assert tool.grant == declared[tool.name], f"{name}: tool {tool.name} runs under another grant than declared"
+                for arg, mode in tool.paths.items():
+                    assert mode in ("read", "write") and arg in tool.parameters, f"{name}: {tool.name}.paths {tool.paths}"
+                    args = {p: ("x" if t == "string" else 1) for p, (t, _) in tool.parameters.items()}
+                    for path in ("../outside.py", "/etc/passwd"):
+                        before = len(rec.jobs)
+                        step = _step(env, format_call(tool.name, {**args, arg: path}), f"{name} {tool.name}({path})")
+                        content = _observation(step, f"{name} {tool.name}({path})", error=True)
+                        assert content.startswith(f"error: {tool.name}: refused"), f"{name}: {tool.name}({path}) -> {content[:120]!r}"
+                        assert len(rec.jobs) == before, f"{name}: {tool.name}({path}) ran a sandbox job"
+            env.reset(task)
+            for action in expert(task):
+                call = parse_tool_call(action)
+                before = len(rec.jobs)
+                step = _step(env, action, f"{name} expert on {task.id}")
+                if call is not None and call.name in tools:
+                    grant, jobs = declared[call.name], rec.jobs[before:]
+                    if grant is None:
+                        assert not jobs, f"{name}: control tool {call.name} ran {len(jobs)} sandbox job(s)"
+                    for job in jobs:
+                        assert job.limits == grant.limits() and job.read_only == (not grant.write), \
+                            f"{name}: {call.name} ran a job outside its grant: {job.limits}, read_only={job.read_only}"
+                if step.done:
+                    break
+        assert offered == set(declared), f"{name}: declared grants {sorted(set(declared) - offered)} for tools it never offers"
+    finally:
+        env.close()
+    ws = Workspace.create({"a.py": "x = 1\n"}, writable=True)
+    try:
+        for tool, grant in declared.items():
+            if grant is None:
+                continue
+            probes = [(read_path, {"path": "/etc/passwd"}), (connect, {"port": 80}), (spawn, {})]
+            if not grant.write:
+                probes.append((write_path, {"path": "a.py", "content": "y"}))
+            for body, args in probes:
+                try:
+                    run_granted(sandbox, tool, body, grant, args, workdir=ws.path)
+                except GrantRefused:
+                    continue
+                raise AssertionError(f"{name}: {body.__name__}{args} was not refused under {tool}'s grant")
+            assert ws.read("a.py") == "x = 1\n", f"{name}: a probe under {tool}'s grant changed the workspace"
+    finally:
+        ws.close()
 
 
 def check_env_observations(name: str, sandbox=None) -> None:
@@ -1189,6 +1272,11 @@ def test_environment_conforms(name, request):
 
 
 @pytest.mark.parametrize("name", ENVS.names())
+def test_environment_tools_keep_to_their_grants(name, request):
+    check_env_grants(name, _sandbox_if(needs_sandbox(domains_where(lambda t: t.env == name)), request))
+
+
+@pytest.mark.parametrize("name", ENVS.names())
 def test_environment_bounds_its_observations(name, request):
     # Found by this module: error messages quote the model's call (an unknown tool's 200,000-
     # character name came back whole) until ToolEnv.step cut them like results.
@@ -1386,3 +1474,40 @@ def test_an_environment_without_tasks_fails_conformance():
     with ENVS.temporary(_SecretEnv.name, _SecretEnv):
         with pytest.raises(AssertionError, match="no registered domain makes tasks in environment"):
             check_env(_SecretEnv.name)
+
+
+class _GrantedSecretEnv(_SecretEnv):
+    """``_SecretEnv`` whose ``reveal`` runs in the sandbox under its declared grant."""
+
+    name = "test.conformance.granted"
+    grants = {"reveal": None, "submit": None}  # set below: the grant the tool runs under
+    run_under = None
+
+    def tools(self):
+        from grant_probes import echo
+        from rlvr.envs.grants import run_granted
+
+        reveal = lambda: (setattr(self, "revealed", True), run_granted(
+            self.sandbox, "reveal", echo, self.run_under or self.grants["reveal"], {},
+            context={"text": self.task.spec.payload["secret"]}))[1]
+        return [Tool("reveal", "Show the secret.", reveal, grant=self.grants["reveal"]),
+                Tool("submit", "Submit the answer.", self._submit, {"answer": ("string", "the secret")})]
+
+
+def test_tools_without_grants_or_outside_them_fail_conformance(sandbox):
+    from rlvr.envs.grants import Grant
+
+    name = "test.conformance.granted_tasks"
+    with ENVS.temporary(_SecretEnv.name, _SecretEnv), DOMAINS.temporary(name, _SecretDomain(name, _SecretEnv.name)):
+        with pytest.raises(AssertionError, match="tool reveal has no declared grant"):
+            check_env_grants(_SecretEnv.name, sandbox)
+    granted = type("_Healthy", (_GrantedSecretEnv,), {"grants": {"reveal": Grant(wall_s=1.0), "submit": None}})
+    wide = type("_Wide", (granted,), {"run_under": Grant(wall_s=9.0)})
+    for env, error in ((granted, None), (wide, "reveal ran a job outside its grant")):
+        with ENVS.temporary(_GrantedSecretEnv.name, env), \
+                DOMAINS.temporary(name, _SecretDomain(name, _GrantedSecretEnv.name)):
+            if error is None:
+                check_env_grants(_GrantedSecretEnv.name, sandbox)
+            else:
+                with pytest.raises(AssertionError, match=error):
+                    check_env_grants(_GrantedSecretEnv.name, sandbox)
