@@ -9,13 +9,14 @@ last line, without its newline) is dropped when the log is opened again, and the
 from the last whole record, saying so in a ``log_recovered`` record.
 
 Operations written (the ``op`` field): ``tool_call`` (every tool call of a tool environment, with
-the tool, a SHA-256 of its arguments, the outcome ``ok | error`` and the seconds),
+the tool, a SHA-256 of its arguments, the outcome ``ok | error | refused``, the grant violated when
+refused, the tool's grant and the seconds),
 ``sandbox_exec`` (every sandbox execution: task, kind, code hash, status, seconds), in
 ``rlvr serve --op-log PATH`` ``http_request`` (method, path, status, outcome, client, a digest of
 the bearer key, never the key), ``model_load`` and ``weights_update``, and ``log_opened`` /
 ``log_recovered`` / ``log_closed``. A training run writes ``<run>/operations.jsonl`` (``open_log``;
-the process's current log is what ``write`` appends to). ``verify(path)`` checks the chain;
-``rlvr audit log PATH`` prints it.
+the process's current log is what ``write`` appends to). ``verify(path)`` checks the chain and
+counts; ``flags`` says what deserves a look; ``rlvr audit log PATH`` prints both.
 """
 
 from __future__ import annotations
@@ -133,6 +134,9 @@ class Verified:
     cut_tail: bool = False
     ops: Counter = field(default_factory=Counter)
     refused: list[dict] = field(default_factory=list)
+    tools: Counter = field(default_factory=Counter)  # tool calls by tool
+    violations: Counter = field(default_factory=Counter)  # refused tool calls by grant violation
+    minutes: Counter = field(default_factory=Counter)  # records by minute (epoch // 60)
 
 
 def verify(path: str | Path) -> Verified:
@@ -162,8 +166,48 @@ def verify(path: str | Path) -> Verified:
         prev, seq = h, int(rec.get("seq", seq + 1))
         out.records += 1
         out.ops[rec.get("op", "?")] += 1
+        if isinstance(rec.get("time"), (int, float)):
+            out.minutes[int(rec["time"] // 60)] += 1
+        if rec.get("op") == "tool_call":
+            out.tools[str(rec.get("tool"))] += 1
+            if rec.get("outcome") == "refused":
+                out.violations[str(rec.get("violation", "?"))] += 1
         if rec.get("outcome") in ("error", "refused") or rec.get("status") not in (None, "ok"):
             out.refused.append(rec)
+    return out
+
+
+BURST_FACTOR = 5.0  # a minute with this many times the median minute's records is a burst ...
+BURST_MIN = 100  # ... if it also has at least this many
+REFUSED_SHARE = 0.1  # refused tool calls above this share of all tool calls are flagged
+
+
+def flags(v: Verified, declared: set[str] | None = None, baseline: set[str] | None = None) -> list[str]:
+    """What in a verified log deserves a look, one line each: tool calls refused outside their
+    grants (by violation, and when they are over ``REFUSED_SHARE`` of the calls), tools that no
+    environment declares (``declared``) or that a baseline log never called (``baseline``), and
+    bursts (a minute over ``BURST_FACTOR`` times the median minute and ``BURST_MIN`` records)."""
+    out = []
+    calls, refused = sum(v.tools.values()), sum(v.violations.values())
+    if refused:
+        kinds = ", ".join(f"{k} {n}" for k, n in v.violations.most_common())
+        share = refused / calls
+        out.append(f"grants exceeded: {refused} tool call(s) refused ({kinds})"
+                   + (f", {share:.0%} of all tool calls" if share > REFUSED_SHARE else ""))
+    for tool in sorted(v.tools):
+        if tool == "(malformed)":
+            continue
+        if declared is not None and tool not in declared:
+            out.append(f"undeclared tool: {tool} ({v.tools[tool]} calls) is not declared by any environment")
+        if baseline is not None and tool not in baseline:
+            out.append(f"new tool: {tool} ({v.tools[tool]} calls) never called in the baseline log")
+    if v.minutes:
+        per = sorted(v.minutes.values())
+        median = per[len(per) // 2]
+        for minute, n in sorted(v.minutes.items()):
+            if n >= BURST_MIN and n > BURST_FACTOR * median:
+                when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(minute * 60))
+                out.append(f"burst: {n} records in the minute from {when} UTC (median {median} per minute)")
     return out
 
 

@@ -175,3 +175,53 @@ def test_the_server_logs_every_request_and_the_model_load(tmp_path):
     assert [(r["status"], r["outcome"]) for r in calls] == [(401, "refused"), (200, "ok")]
     assert calls[0]["key_sha256"] is None and calls[1]["key_sha256"] == oplog.digest("k")[:16]  # never the key
     assert "Bearer k" not in (tmp_path / "operations.jsonl").read_text()
+
+
+def _flagged_log(path, tools=("calculator",) * 4, refused=(("read_file", "path"), ("sql", "network"))):
+    log = OpLog(path, actor="test")
+    for tool in tools:
+        log.write("tool_call", task="t", tool=tool, outcome="ok")
+    for tool, violation in refused:
+        log.write("tool_call", task="t", tool=tool, outcome="refused", violation=violation)
+    log.close()
+
+
+def test_flags_name_exceeded_grants_undeclared_and_new_tools_and_bursts(tmp_path):
+    from rlvr.audit.commands import declared_tools
+    from rlvr.oplog import flags
+
+    path = tmp_path / "operations.jsonl"
+    _flagged_log(path, tools=("calculator",) * 4 + ("rm_rf",))
+    v = verify(path)
+    assert v.tools == {"calculator": 4, "rm_rf": 1, "read_file": 1, "sql": 1} and v.violations == {"path": 1, "network": 1}
+    found = flags(v, declared_tools(), baseline={"calculator", "sql"})
+    assert found[0] == "grants exceeded: 2 tool call(s) refused (path 1, network 1), 29% of all tool calls"
+    assert "undeclared tool: rm_rf (1 calls) is not declared by any environment" in found
+    assert "new tool: read_file (1 calls) never called in the baseline log" in found
+    assert not any("calculator" in line or "sql" in line for line in found)
+    healthy = tmp_path / "healthy.jsonl"
+    _flagged_log(healthy, tools=("calculator",) * 40, refused=())
+    assert flags(verify(healthy), declared_tools(), baseline={"calculator"}) == []  # nothing to flag
+    v = verify(healthy)
+    v.minutes.update({1000: 10, 1001: 12, 1002: 11, 1003: 400})
+    (burst,) = flags(v)
+    assert burst.startswith("burst: 400 records in the minute from 1970-01-01 16:43 UTC")
+
+
+def test_rlvr_audit_log_prints_flags_pushes_them_and_strict_exits_1(tmp_path, capsys):
+    from webhook_receiver import Receiver
+
+    path = tmp_path / "operations.jsonl"
+    _flagged_log(path)
+    receiver = Receiver()
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["audit", "log", str(path), "--strict", "--push", receiver.url])
+    finally:
+        receiver.close()
+    out = capsys.readouterr().out
+    assert e.value.code == 1 and "FLAG grants exceeded: 2 tool call(s) refused" in out and "chain intact; 1 flag(s)" in out
+    assert "pushed 1 flag(s)" in out
+    (_, body, _), = receiver.bodies
+    assert body["run"] == str(path) and body["alert"]["detector"] == "oplog" and "grants exceeded" in body["alert"]["message"]
+    main(["audit", "log", str(path)])  # without --strict: flags are printed, the exit is 0

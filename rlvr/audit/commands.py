@@ -42,17 +42,25 @@ def add_parser(sub, file_flags, file_entries) -> None:
         "log", help="verify an operation log's hash chain and summarise it; exit 1 if the chain is broken",
         description="Check <run>/operations.jsonl (rlvr.oplog): every record follows the one before by hash, so "
                     "an edited, deleted or reordered line is found. Prints the operations by kind and the "
-                    "failed or refused ones. Exit 0: intact (a record cut by a crash at the end is allowed); 1: broken.")
+                    "failed or refused ones, then flags: tool calls refused outside their grants, tools no "
+                    "environment declares (or, with --baseline, that an earlier log never called), bursts. "
+                    "Exit 0: intact (a record cut by a crash at the end is allowed); 1: broken (or, with "
+                    "--strict, flagged).")
     lg.add_argument("path", help="the log (a run directory's operations.jsonl)")
     lg.add_argument("--show", type=int, default=10, help="failed or refused operations to print (default 10)")
+    lg.add_argument("--baseline", default=None, metavar="LOG", help="an earlier operation log: flag tools it never called")
+    lg.add_argument("--strict", action="store_true", help="exit 1 when anything is flagged")
+    lg.add_argument("--push", default="", metavar="URL",
+                    help="also POST each flag as an alert to this webhook (monitor.push's format)")
     lg.set_defaults(fn=run_log)
 
 
 def run_log(args: argparse.Namespace) -> None:
-    from rlvr.oplog import verify
+    from rlvr.oplog import flags, verify
 
-    if not Path(args.path).is_file():
-        raise UserError(f"{args.path}: no such operation log")
+    for path in (args.path, args.baseline):
+        if path is not None and not Path(path).is_file():
+            raise UserError(f"{path}: no such operation log")
     v = verify(args.path)
     ops = ", ".join(f"{op} {n}" for op, n in v.ops.most_common())
     print(f"{args.path}: {v.records} records ({ops})" + ("; the last record was cut by a crash" if v.cut_tail else ""))
@@ -61,10 +69,36 @@ def run_log(args: argparse.Namespace) -> None:
         print(f"  not ok: {what}")
     if len(v.refused) > args.show:
         print(f"  ... {len(v.refused) - args.show} more not ok")
+    found = flags(v, declared_tools(), set(verify(args.baseline).tools) if args.baseline else None)
+    for line in found:
+        print(f"  FLAG {line}")
+    if found and args.push:
+        push_flags(args.push, args.path, found)
     if not v.intact:
         print(f"chain BROKEN at line {v.broken_line}: {v.reason}", file=sys.stderr)
         sys.exit(1)
-    print("chain intact")
+    print("chain intact" + (f"; {len(found)} flag(s)" if found else ""))
+    if found and args.strict:
+        sys.exit(1)
+
+
+def declared_tools() -> set[str]:
+    """Every tool some registered environment declares (``ToolEnv.grants``)."""
+    from rlvr.envs import ENVS
+
+    return {tool for name in ENVS.names() for tool in getattr(ENVS.get(name), "grants", {})}
+
+
+def push_flags(url: str, log: str, found: list[str]) -> None:
+    """POST each flag to ``url`` as a warning alert, waiting (a CLI, not a training step)."""
+    from rlvr.monitor.push import AlertPusher, PushConfig
+
+    pusher = AlertPusher(PushConfig(url=url), run=log)
+    for line in found:
+        pusher.push({"detector": "oplog", "severity": "warning", "message": line})
+    pusher.close(wait_s=30.0)
+    c = pusher.counts
+    print(f"  pushed {c['pushed']} flag(s) to {url}" + (f", {c['failed'] + c['dropped']} not delivered" if c["failed"] + c["dropped"] else ""))
 
 
 def _names(text: str) -> list[str]:
