@@ -320,8 +320,17 @@ def cmd_eval(args) -> None:
 
         shared_sandbox()
     out = Path(args.out)
-    report = eval_report(model, tokenizer, tasks, cfg, seed=0, model_name=str(model_dir), settings=True, path=out,
-                         suite={**suite.record(modified), "domains": list(cfg.domains)})
+    if args.op_log:
+        from rlvr import oplog
+
+        oplog.open_log(args.op_log, actor="eval")
+        oplog.write("model_load", model=str(model_dir), outcome="ok")
+    try:
+        report = eval_report(model, tokenizer, tasks, cfg, seed=0, model_name=str(model_dir), settings=True, path=out,
+                             suite={**suite.record(modified), "domains": list(cfg.domains)})
+    finally:
+        if args.op_log:
+            oplog.close_log()
     print_eval(report)
     print(f"wrote {out}")
     labels = _labels(args.baseline, str(out)) if baseline is not None else ("", out.stem)
@@ -450,6 +459,8 @@ def _eval_parser(sub) -> None:
     p.add_argument("--radar", metavar="PNG", help="per-domain radar chart (default: <out stem>_radar.png beside --out)")
     p.add_argument("--no-radar", action="store_true", help="write no radar chart")
     p.add_argument("--baseline", metavar="JSON", help="an earlier eval report: print the per-domain change against it")
+    p.add_argument("--op-log", metavar="PATH", help="operation log (rlvr.oplog): the model load, every tool call and "
+                                                   "sandbox execution of the evaluation, hash-chained")
     _gate_args(p)
     _task_args(p)
     p.set_defaults(fn=cmd_eval)

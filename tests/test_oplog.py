@@ -225,3 +225,13 @@ def test_rlvr_audit_log_prints_flags_pushes_them_and_strict_exits_1(tmp_path, ca
     (_, body, _), = receiver.bodies
     assert body["run"] == str(path) and body["alert"]["detector"] == "oplog" and "grants exceeded" in body["alert"]["message"]
     main(["audit", "log", str(path)])  # without --strict: flags are printed, the exit is 0
+
+
+def test_rlvr_eval_with_op_log_records_the_model_load_and_its_tool_calls(tiny_model_dir, tmp_path):
+    log = tmp_path / "eval_ops.jsonl"
+    assert main(["eval", "--model", tiny_model_dir, "--set", "domains=[tool.use]", "--set", "tasks=2",
+                 "--set", "max_new_tokens=4", "--out", str(tmp_path / "eval.json"), "--no-radar",
+                 "--op-log", str(log)]) == 0
+    v = verify(log)
+    assert v.intact and v.ops["model_load"] == 1 and v.ops["log_opened"] == 1 and v.ops["log_closed"] == 1
+    assert json.loads((tmp_path / "eval.json").read_text())["overall"]["n_tasks"] == 2
