@@ -235,3 +235,50 @@ def test_rlvr_eval_with_op_log_records_the_model_load_and_its_tool_calls(tiny_mo
     v = verify(log)
     assert v.intact and v.ops["model_load"] == 1 and v.ops["log_opened"] == 1 and v.ops["log_closed"] == 1
     assert json.loads((tmp_path / "eval.json").read_text())["overall"]["n_tasks"] == 2
+
+
+def test_a_multi_turn_training_runs_log_accounts_for_every_tool_call(tiny_model_dir, tmp_path, monkeypatch):
+    """GRPO on tool.use with a scripted policy (the expert's calls, and malformed ones, as its
+    turns; a random model makes none): the log's tool calls are the saved trajectories' calls."""
+    import rlvr.rollout.episodes as episodes
+    import rlvr.train.grpo as grpo
+    from rlvr.config import load_config
+    from rlvr.sandbox.config import close_shared_sandbox
+    from rlvr.tool_calls import CALL_OPEN
+    from rlvr.train import sources
+
+    def scripted(model, tokenizer, active, params, cfg, limit, generator, batch_size, reuse_cache=True, engine=None):
+        out = []
+        for r, e in enumerate(active):
+            turn = sum(m["role"] == "assistant" for m in e.messages)
+            actions = list(e.task.actions) + ["The answer is 3."]
+            action = '<tool_call>{"name": "calculator"' if (r + turn) % 5 == 4 else actions[min(turn, len(actions) - 1)]
+            ids = tokenizer.encode(action, add_special_tokens=False) + [tokenizer.eos_token_id]
+            out.append((ids, [-1.0] * len(ids), ""))
+        return out
+
+    monkeypatch.setattr(episodes, "_generate_turn", scripted)
+    played = []
+
+    def counted(rollout):
+        def run(*args, **kw):
+            out = rollout(*args, **kw)
+            played.extend(e.trajectory.messages for e in out)
+            return out
+        return run
+
+    monkeypatch.setattr(sources, "rollout", counted(sources.rollout))
+    cfg = load_config(grpo.GRPOConfig, None, [
+        f"model={tiny_model_dir}", f"out={tmp_path}", "domains=[tool.use]", "levels=[1]", "train_tasks=8",
+        "rollout.tasks_per_step=2", "rollout.samples_per_task=2", "env.turn_tokens=512", "env.max_tokens=2048",
+        "env.max_context=4096", "steps=2", "checkpoint_every=100"])
+    close_shared_sandbox()
+    try:
+        grpo.run_grpo(cfg, progress=False)
+    finally:
+        close_shared_sandbox()
+    calls = sum(m["role"] == "assistant" and CALL_OPEN in m["content"] for messages in played for m in messages)
+    assert len(played) == 8  # 2 steps x 2 tasks x 2 samples
+    v = verify(tmp_path / "operations.jsonl")
+    assert v.intact and v.ops["tool_call"] == calls and calls >= 8, (v.ops, calls)
+    assert v.tools["(malformed)"] >= 1 and v.tools["calculator"] + v.tools.get("sql", 0) >= 4
