@@ -57,6 +57,7 @@ bench: setup
 	$(PY) benchmarks/memory_step.py --json runs/bench/memory_step.json
 	$(PY) benchmarks/math_agreement.py --json runs/bench/math_agreement.json
 	$(PY) benchmarks/alert_push.py --json runs/bench/alert_push.json
+	$(PY) benchmarks/tool_grants.py --json runs/bench/tool_grants.json
 
 # Model loading on the lowest transformers pyproject.toml allows (the newest is what `make test` gets),
 # in its own venv (.venv-compat).
