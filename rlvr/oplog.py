@@ -11,7 +11,8 @@ from the last whole record, saying so in a ``log_recovered`` record.
 Operations written (the ``op`` field): ``tool_call`` (every tool call of a tool environment, with
 the tool, a SHA-256 of its arguments, the outcome ``ok | error | refused``, the grant violated when
 refused, the tool's grant and the seconds),
-``sandbox_exec`` (every sandbox execution: task, kind, code hash, status, seconds), in
+``sandbox_exec`` (every sandbox execution: task, kind, code hash, status, seconds), in a GRPO
+run ``run_config`` (the config's digest; a resume says at which step) and ``model_load``, in
 ``rlvr serve --op-log PATH`` ``http_request`` (method, path, status, outcome, client, a digest of
 the bearer key, never the key), ``model_load`` and ``weights_update``, and ``log_opened`` /
 ``log_recovered`` / ``log_closed``. A training run writes ``<run>/operations.jsonl`` (``open_log``;

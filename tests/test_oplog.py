@@ -143,6 +143,7 @@ def test_a_training_runs_log_accounts_for_every_sandbox_execution_and_verifies(t
         close_shared_sandbox()
     v = verify(tmp_path / "operations.jsonl")
     assert v.intact and v.ops["log_opened"] == 1 and v.ops["log_closed"] == 1
+    assert v.ops["run_config"] == 1 and v.ops["model_load"] == 1  # administrative actions
     assert v.ops["sandbox_exec"] == len(read_audit(tmp_path / "sandbox_audit.jsonl")) >= 4
 
 

@@ -100,6 +100,10 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
                            trackers=open_trackers(cfg.trackers, run_dir, to_dict(cfg)) if group.is_main else ())
     # every tool call and sandbox execution of this process, hash-chained (rlvr.oplog); each rank its own
     oplog.open_log(log_dir / "operations.jsonl", actor="grpo" if group.is_main else f"grpo rank {group.rank}")
+    # administrative actions: the run's configuration (a resume under another one is a config
+    # change, seen as a new digest) and the weights it starts from
+    oplog.write("run_config", config_sha256=oplog.digest(to_dict(cfg)), resumed_at=step if ckpt is not None else None)
+    oplog.write("model_load", model=str(ckpt if ckpt is not None else cfg.model), outcome="ok")
     pusher = AlertPusher(cfg.monitor.push, run=str(run_dir)) if cfg.monitor.push.url and group.is_main else None
     alerts = AlertLog(log_dir, resume_step=step if resume else None, pusher=pusher)
     barrier()  # every rank's detectors start from rank 0's metrics history (truncated at the resumed step)
