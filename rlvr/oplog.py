@@ -16,7 +16,8 @@ run ``run_config`` (the config's digest; a resume says at which step) and ``mode
 ``rlvr serve --op-log PATH`` ``http_request`` (method, path, status, outcome, client, a digest of
 the bearer key, never the key), ``model_load`` and ``weights_update``, and ``log_opened`` /
 ``log_recovered`` / ``log_closed``. A training run writes ``<run>/operations.jsonl`` (``open_log``;
-the process's current log is what ``write`` appends to). ``verify(path)`` checks the chain and
+the process's current log is what ``write`` appends to; a Ray actor ``capture``s its records and
+the trainer ``replay``s them, with ``origin`` and ``at``). ``verify(path)`` checks the chain and
 counts; ``flags`` says what deserves a look; ``rlvr audit log PATH`` prints both.
 """
 
@@ -28,6 +29,8 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,7 +103,39 @@ def _tail(path: Path) -> tuple[int, str, int]:
 
 # ---------------------------------------------------------------- the process's current log
 
-_CURRENT: OpLog | None = None
+class Capture:
+    """Records kept in memory instead of written: a worker process (a Ray actor) that has no
+    run log captures its operations and returns them with its results; ``replay`` writes them
+    into the run's log."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def write(self, op: str, **fields: Any) -> None:
+        self.records.append({"op": op, "at": round(time.time(), 3), **fields})
+
+
+_CURRENT: OpLog | Capture | None = None
+
+
+@contextmanager
+def capture() -> Iterator[list[dict[str, Any]]]:
+    """For the block, ``write`` collects into the yielded list (then the previous log is back)."""
+    global _CURRENT
+    previous, cap = _CURRENT, Capture()
+    _CURRENT = cap
+    try:
+        yield cap.records
+    finally:
+        _CURRENT = previous
+
+
+def replay(records: list[dict[str, Any]], origin: str) -> None:
+    """Write captured ``records`` into the current log, each with its ``origin`` (the worker) and
+    ``at`` (when it happened there)."""
+    for rec in records:
+        fields = {k: v for k, v in rec.items() if k != "op"}
+        write(rec["op"], origin=origin, **fields)
 
 
 def open_log(path: str | Path, actor: str = "") -> OpLog:

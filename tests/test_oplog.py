@@ -238,6 +238,57 @@ def test_rlvr_eval_with_op_log_records_the_model_load_and_its_tool_calls(tiny_mo
     assert json.loads((tmp_path / "eval.json").read_text())["overall"]["n_tasks"] == 2
 
 
+def scripted_turns(model, tokenizer, active, params, cfg, limit, generator, batch_size, reuse_cache=True, engine=None):
+    """``rlvr.rollout.episodes._generate_turn`` of a scripted policy: each episode's expert turns,
+    with a malformed call in every fifth (row + turn), then a final answer."""
+    out = []
+    for r, e in enumerate(active):
+        turn = sum(m["role"] == "assistant" for m in e.messages)
+        actions = list(e.task.actions) + ["The answer is 3."]
+        action = '<tool_call>{"name": "calculator"' if (r + turn) % 5 == 4 else actions[min(turn, len(actions) - 1)]
+        ids = tokenizer.encode(action, add_special_tokens=False) + [tokenizer.eos_token_id]
+        out.append((ids, [-1.0] * len(ids), ""))
+    return out
+
+
+def _calls(conversations) -> int:
+    from rlvr.tool_calls import CALL_OPEN
+
+    return sum(m["role"] == "assistant" and CALL_OPEN in m["content"] for messages in conversations for m in messages)
+
+
+def test_a_rollout_actor_captures_its_tool_calls_and_the_trainer_replays_them(tiny_model_dir, tmp_path, monkeypatch):
+    """What a Ray rollout actor does (``RolloutWorker.generate``, here in-process): its tool calls
+    come back with the episodes and go into the run's log with their origin."""
+    import torch
+
+    import rlvr.rollout.episodes as episodes
+    from rlvr.envs.base import EnvConfig
+    from rlvr.model.load import load_model_and_tokenizer
+    from rlvr.rollout.engine import SamplingParams
+    from rlvr.sandbox.config import SandboxConfig
+    from rlvr.tasks.base import generate_tasks
+    from rlvr.workers.actors import RolloutWorker
+
+    monkeypatch.setattr(episodes, "_generate_turn", scripted_turns)
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    worker = RolloutWorker(model, tok, SamplingParams(n=2, max_new_tokens=8), 8,
+                           EnvConfig(turn_tokens=512, max_tokens=2048, max_context=4096),
+                           SandboxConfig(), str(tmp_path / "worker"), threads=1)
+    worker.version = 0
+    tasks = generate_tasks(["tool.use"], "train", 3, seed=0)
+    played, _, records = worker.generate(tasks, 0, torch.Generator().manual_seed(0).get_state())
+    calls = _calls(ep.trajectory.messages for ep in played)
+    assert calls >= 3 and sum(r["op"] == "tool_call" for r in records) == calls
+    oplog.open_log(tmp_path / "operations.jsonl", actor="grpo")
+    try:
+        oplog.replay(records, origin="rollout worker 0")
+    finally:
+        oplog.close_log()
+    v = verify(tmp_path / "operations.jsonl")
+    assert v.intact and v.ops["tool_call"] == calls and v.ops["sandbox_exec"] == sum(r["op"] == "sandbox_exec" for r in records) > 0
+
+
 def test_a_multi_turn_training_runs_log_accounts_for_every_tool_call(tiny_model_dir, tmp_path, monkeypatch):
     """GRPO on tool.use with a scripted policy (the expert's calls, and malformed ones, as its
     turns; a random model makes none): the log's tool calls are the saved trajectories' calls."""
@@ -245,20 +296,9 @@ def test_a_multi_turn_training_runs_log_accounts_for_every_tool_call(tiny_model_
     import rlvr.train.grpo as grpo
     from rlvr.config import load_config
     from rlvr.sandbox.config import close_shared_sandbox
-    from rlvr.tool_calls import CALL_OPEN
     from rlvr.train import sources
 
-    def scripted(model, tokenizer, active, params, cfg, limit, generator, batch_size, reuse_cache=True, engine=None):
-        out = []
-        for r, e in enumerate(active):
-            turn = sum(m["role"] == "assistant" for m in e.messages)
-            actions = list(e.task.actions) + ["The answer is 3."]
-            action = '<tool_call>{"name": "calculator"' if (r + turn) % 5 == 4 else actions[min(turn, len(actions) - 1)]
-            ids = tokenizer.encode(action, add_special_tokens=False) + [tokenizer.eos_token_id]
-            out.append((ids, [-1.0] * len(ids), ""))
-        return out
-
-    monkeypatch.setattr(episodes, "_generate_turn", scripted)
+    monkeypatch.setattr(episodes, "_generate_turn", scripted_turns)
     played = []
 
     def counted(rollout):
@@ -278,7 +318,7 @@ def test_a_multi_turn_training_runs_log_accounts_for_every_tool_call(tiny_model_
         grpo.run_grpo(cfg, progress=False)
     finally:
         close_shared_sandbox()
-    calls = sum(m["role"] == "assistant" and CALL_OPEN in m["content"] for messages in played for m in messages)
+    calls = _calls(played)
     assert len(played) == 8  # 2 steps x 2 tasks x 2 samples
     v = verify(tmp_path / "operations.jsonl")
     assert v.intact and v.ops["tool_call"] == calls and calls >= 8, (v.ops, calls)

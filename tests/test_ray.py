@@ -3,6 +3,7 @@ retried with every trajectory exactly once, a lost trainer resumed from its chec
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -16,6 +17,8 @@ ray = pytest.importorskip("ray")
 from rlvr.config import load_config  # noqa: E402
 from rlvr.errors import ConfigError, UserError  # noqa: E402
 from rlvr.monitor.metrics import read_metrics  # noqa: E402
+from rlvr import oplog  # noqa: E402
+from rlvr.oplog import verify  # noqa: E402
 from rlvr.train import grpo  # noqa: E402
 from rlvr.train.ray_train import run_on_ray  # noqa: E402
 from rlvr.workers.events import read_events  # noqa: E402
@@ -225,10 +228,20 @@ def test_verification_service_survives_a_lost_actor_and_leaves_no_run_behind(tmp
 
     monkeypatch.setattr(ActorGroup, "_submit", submit_then_kill_when_the_loop_runs)
     cfg = RayConfig(verifier_workers=2, verifier_cpus=0.5, max_retries=2)
-    with VerificationService(cfg, SandboxConfig(workers=1), work_dir=tmp_path, chunk_size=4) as service:
-        t0 = time.time()
-        results = service.map(jobs)
-        assert killed and service.retries == 1
+    oplog.open_log(tmp_path / "operations.jsonl")
+    try:
+        with VerificationService(cfg, SandboxConfig(workers=1), work_dir=tmp_path, chunk_size=4) as service:
+            t0 = time.time()
+            results = service.map(jobs)
+            assert killed and service.retries == 1
+    finally:
+        oplog.close_log()
+    # the actors' sandbox executions reach the caller's operation log, each once (the killed
+    # actor's records died with it; its chunk's retry brought its own)
+    log = [json.loads(line) for line in (tmp_path / "operations.jsonl").read_text().splitlines()]
+    execs = [r for r in log if r["op"] == "sandbox_exec"]
+    assert verify(tmp_path / "operations.jsonl").intact and len(execs) == len(jobs)
+    assert {r["origin"] for r in execs} == {"verifier 0", "verifier 1"} and all(r["at"] <= r["time"] for r in execs)
     assert [r.status for r in results] == ["timeout" if i == 1 else "ok" for i in range(8)]
     assert [r.compare([i + 1]) for i, r in enumerate(results) if i != 1] == [1] * 7
     time.sleep(max(0.0, t0 + wall + 1.0 - time.time()))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from rlvr import oplog
 from rlvr.rollout.episodes import EnvPool, Episode, run_tasks
 from rlvr.rollout.weights import StaleWeightsError, check_canary
 from rlvr.sandbox.config import SandboxConfig, shared_sandbox
@@ -56,17 +57,21 @@ class RolloutWorker:
         self.version = version
         return version
 
-    def generate(self, tasks: list[Task], version: int, rng_state: torch.Tensor) -> tuple[list[Episode], torch.Tensor]:
+    def generate(self, tasks: list[Task], version: int, rng_state: torch.Tensor
+                 ) -> tuple[list[Episode], torch.Tensor, list[dict]]:
         """``run_tasks`` at ``version`` from the generator state ``rng_state``; the episodes
-        (group ids local to ``tasks``) and the generator's state after it."""
+        (group ids local to ``tasks``), the generator's state after it, and the operations
+        (tool calls, sandbox executions) for the run's log."""
         if version != self.version:
             raise StaleWeightsError(f"rollout worker asked to generate at version {version} serves {self.version}")
         generator = torch.Generator().set_state(rng_state)
         self.model.eval()
-        episodes = run_tasks(self.model, self.tokenizer, tasks, self.params, self._envs(tasks),
-                             generator=generator, policy_version=version, batch_size=self.batch_size)
-        return [Episode(ep.trajectory, Settled(ep.env.verify()) if ep.env is not None else None)
-                for ep in episodes], generator.get_state()
+        with oplog.capture() as records:
+            episodes = run_tasks(self.model, self.tokenizer, tasks, self.params, self._envs(tasks),
+                                 generator=generator, policy_version=version, batch_size=self.batch_size)
+            episodes = [Episode(ep.trajectory, Settled(ep.env.verify()) if ep.env is not None else None)
+                        for ep in episodes]
+        return episodes, generator.get_state(), records
 
     def _envs(self, tasks: list[Task]) -> EnvPool | None:
         if self.envs is None and any(t.multi_turn for t in tasks):
@@ -90,10 +95,16 @@ class VerifierWorker:
         Path(self.work_dir).mkdir(parents=True, exist_ok=True)
         return shared_sandbox(self.sandbox_cfg, self.work_dir)
 
-    def verify(self, tasks: list[Task], episodes: list[Episode]) -> list:
-        """Verdicts and rewards of ``episodes`` (``tasks[group_id]`` is an episode's task)."""
-        return self.verify_fn(tasks, episodes)
+    def verify(self, tasks: list[Task], episodes: list[Episode]) -> tuple[list, list[dict]]:
+        """Verdicts and rewards of ``episodes`` (``tasks[group_id]`` is an episode's task), and
+        the sandbox executions for the run's log."""
+        with oplog.capture() as records:
+            scored = self.verify_fn(tasks, episodes)
+        return scored, records
 
-    def run_jobs(self, jobs: list) -> list:
-        """Raw sandbox jobs (``rlvr.sandbox.Job``) -> ``ExecResult`` in order."""
-        return self.sandbox().map(jobs)
+    def run_jobs(self, jobs: list) -> tuple[list, list[dict]]:
+        """Raw sandbox jobs (``rlvr.sandbox.Job``) -> ``ExecResult`` in order, and the sandbox
+        executions for the caller's operation log."""
+        with oplog.capture() as records:
+            results = self.sandbox().map(jobs)
+        return results, records

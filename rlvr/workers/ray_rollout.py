@@ -25,13 +25,14 @@ from pathlib import Path
 
 import torch
 
+from rlvr import oplog
 from rlvr.model.lora import plain_state_dict
 from rlvr.rollout.async_rollout import AsyncRollout
 from rlvr.rollout.episodes import Episode
 from rlvr.rollout.sharded import chunk_seeds, shift_group
+from rlvr.rollout.source import RolloutBatch
 from rlvr.rollout.sync_rollout import SyncRollout
 from rlvr.rollout.weights import canary_ids, probe
-from rlvr.rollout.source import RolloutBatch
 from rlvr.sandbox.config import SandboxConfig
 from rlvr.types import Scored, Task
 from rlvr.workers.actors import RolloutWorker, VerifierWorker
@@ -102,9 +103,10 @@ class RayWorkers:
         if len(parts) == 1:
             generator.set_state(results[0][1])
         episodes, offset = [], 0
-        for part, (chunk, _state) in zip(parts, results):
+        for k, (part, (chunk, _state, records)) in enumerate(zip(parts, results)):
             episodes += [shift_group(ep, offset) for ep in chunk]
             offset += len(part)
+            oplog.replay(records, origin=f"rollout worker {k}")
         return episodes
 
     def generate_from(self, engine: torch.nn.Module, tasks: list[Task], version: int, _envs,
@@ -118,7 +120,11 @@ class RayWorkers:
     def verify(self, tasks: list[Task], episodes: list[Episode]) -> list[Scored]:
         tasks_ref = self.ray.put(tasks)
         parts = split(episodes, self.verifiers.size)
-        return [s for chunk in self.verifiers.run("verify", [(tasks_ref, part) for part in parts]) for s in chunk]
+        scored = []
+        for k, (chunk, records) in enumerate(self.verifiers.run("verify", [(tasks_ref, part) for part in parts])):
+            scored += chunk
+            oplog.replay(records, origin=f"verifier {k}")
+        return scored
 
     def metrics(self) -> dict[str, float]:
         return {"workers/retries": float(self.rollout.retries + self.verifiers.retries),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlvr import oplog
 from rlvr.sandbox.config import SandboxConfig
 from rlvr.workers.actors import VerifierWorker
 from rlvr.workers.cluster import connect
@@ -40,7 +41,11 @@ class VerificationService:
     def map(self, jobs: list) -> list:
         """``ExecResult`` of every ``rlvr.sandbox.Job``, in order."""
         chunks = [(jobs[i:i + self.chunk_size],) for i in range(0, len(jobs), self.chunk_size)]
-        return [r for chunk in self.group.run("run_jobs", chunks) for r in chunk]
+        results = []
+        for k, (chunk, records) in enumerate(self.group.run("run_jobs", chunks)):
+            results += chunk
+            oplog.replay(records, origin=f"verifier {k}")
+        return results
 
     @property
     def retries(self) -> int:
