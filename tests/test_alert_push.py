@@ -12,7 +12,7 @@ import pytest
 from rlvr.errors import ConfigError
 from rlvr.monitor.alerts import AlertLog
 from rlvr.monitor.push import AlertPusher, PushConfig
-from webhook_receiver import Receiver
+from webhook_receiver import MailReceiver, Receiver
 
 ALERT = {"step": 3, "detector": "tampering", "severity": "critical", "evidence": {"flagged": 1},
          "trajectory_ids": ["3-1"], "action": "logged"}
@@ -45,6 +45,29 @@ def test_a_failing_receiver_is_retried_with_backoff_and_a_dead_one_given_up(tmp_
     assert dead.counts == {"failed": 1}
 
 
+def test_an_alert_is_mailed_through_smtp_retried_and_a_dead_server_given_up(monkeypatch):
+    mail = MailReceiver(fail_first=1)
+    hook = Receiver()
+    monkeypatch.setenv("RLVR_TEST_SMTP_PASSWORD", "unused")  # no login: the receiver offers none
+    cfg = PushConfig(url=hook.url, email_to=["oncall@example.com", "ml@example.com"], email_from="rlvr@example.com",
+                     smtp_host="127.0.0.1", smtp_port=mail.port, retries=2, backoff_s=0.05)
+    pusher = AlertPusher(cfg, run="runs/x")
+    start = time.monotonic()
+    pusher.push(ALERT)
+    pusher.close(wait_s=10)
+    mail.close()
+    hook.close()
+    assert pusher.counts == {"pushed": 2} and len(hook.bodies) == 1  # the webhook and the e-mail
+    (arrived, sender, rcpts, text), = mail.messages  # the first DATA was refused: retried once
+    assert arrived - start < 5 and sender == "rlvr@example.com" and rcpts == ["oncall@example.com", "ml@example.com"]
+    assert "Subject: [rlvr] critical tampering at step 3: runs/x" in text and '"flagged": 1' in text
+    dead = AlertPusher(PushConfig(email_to=["a@example.com"], smtp_host="127.0.0.1", smtp_port=9, retries=1,
+                                  backoff_s=0.01, timeout_s=0.5))
+    dead.push(ALERT)
+    dead.close(wait_s=10)
+    assert dead.counts == {"failed": 1}
+
+
 def test_a_hanging_receiver_never_holds_up_the_writer(tmp_path):
     receiver = Receiver(hang_s=3.0)
     pusher = AlertPusher(PushConfig(url=receiver.url, timeout_s=2.0, retries=0, queue_size=5))
@@ -64,6 +87,11 @@ def test_bad_push_configs_name_the_key():
         PushConfig(url="smtp://mail")
     with pytest.raises(ConfigError, match="monitor.push.min_severity"):
         PushConfig(url="http://x", min_severity="loud")
+    with pytest.raises(ConfigError, match="monitor.push.email_to"):
+        PushConfig(email_to=["a@example.com, b@example.com"])
+    with pytest.raises(ConfigError, match="smtp_password_env"):
+        PushConfig(email_to=["a@example.com"], smtp_user="rlvr")
+    assert not PushConfig().enabled and PushConfig(email_to=["a@example.com"]).enabled
 
 
 def test_a_runs_alert_reaches_a_local_receiver_within_seconds(tiny_model_dir, tmp_path, monkeypatch):

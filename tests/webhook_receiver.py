@@ -38,3 +38,59 @@ class Receiver:
     def close(self):
         self.server.shutdown()
         self.server.server_close()
+
+
+class MailReceiver:
+    """A local SMTP server (just enough of RFC 5321 for ``smtplib``): records each message's
+    envelope and text; ``fail_first`` answers that many DATA commands with 451 first."""
+
+    def __init__(self, fail_first: int = 0):
+        import socketserver
+
+        self.messages: list[tuple[float, str, list[str], str]] = []
+        self.fail_left = fail_first
+        outer = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self):
+                def say(line):
+                    self.wfile.write(line.encode() + b"\r\n")
+
+                say("220 localhost rlvr-test-smtp")
+                sender, rcpts = "", []
+                while True:
+                    line = self.rfile.readline().decode(errors="replace").rstrip("\r\n")
+                    cmd = line[:4].upper()
+                    if not line or cmd == "QUIT":
+                        say("221 bye")
+                        return
+                    if cmd in ("EHLO", "HELO"):
+                        say("250 localhost")
+                    elif cmd == "MAIL":
+                        sender, rcpts = line.split(":", 1)[1].strip(" <>"), []
+                        say("250 ok")
+                    elif cmd == "RCPT":
+                        rcpts.append(line.split(":", 1)[1].strip(" <>"))
+                        say("250 ok")
+                    elif cmd == "DATA":
+                        say("354 go on")
+                        body = []
+                        while (data := self.rfile.readline().decode(errors="replace")) not in (".\r\n", ""):
+                            body.append(data[1:] if data.startswith("..") else data)
+                        if outer.fail_left:
+                            outer.fail_left -= 1
+                            say("451 try again")
+                        else:
+                            outer.messages.append((time.monotonic(), sender, rcpts, "".join(body)))
+                            say("250 queued")
+                    else:
+                        say("250 ok")
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()

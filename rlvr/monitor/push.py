@@ -6,11 +6,13 @@
 POST (a connection error, a timeout, a status >= 300) ``retries`` times after ``backoff_s``,
 doubling each time. ``close(wait_s)`` gives the queue that long to drain, then stops the thread;
 what is left is counted as dropped. ``counts`` holds ``pushed``, ``failed`` (given up after the
-retries) and ``dropped``.
+retries; both per channel: an alert sent to a webhook and by e-mail counts twice) and ``dropped``.
 
 The receiver is whatever takes a JSON POST (a chat tool's incoming webhook, an alerting service,
-your own endpoint). Alerts are also in ``<run>/alerts.jsonl`` either way: pushing is a copy.
-Not built: e-mail (point the webhook at a mail relay that takes JSON).
+your own endpoint). ``email_to`` also (or instead) mails each alert through an SMTP server
+(``smtplib``: plain, or STARTTLS with a login whose password is read from the environment variable
+``smtp_password_env``, never from the config), from the same thread, with the same retries.
+Alerts are also in ``<run>/alerts.jsonl`` either way: pushing is a copy.
 """
 
 from __future__ import annotations
@@ -32,10 +34,25 @@ SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}
 
 @dataclass
 class PushConfig:
-    """``monitor.push``: where a run's alerts are pushed (nowhere when ``url`` is empty)."""
+    """``monitor.push``: where a run's alerts are pushed (nowhere when ``url`` and ``email_to``
+    are empty)."""
 
     url: str = ""
-    """Webhook URL (http:// or https://) that gets each alert as a JSON POST; empty: no push."""
+    """Webhook URL (http:// or https://) that gets each alert as a JSON POST; empty: no webhook."""
+    email_to: list[str] = field(default_factory=list)
+    """Addresses that get each alert as an e-mail; empty: no e-mail."""
+    email_from: str = "rlvr@localhost"
+    """The sender address of the alert e-mails."""
+    smtp_host: str = "localhost"
+    """SMTP server the e-mails go through."""
+    smtp_port: int = 25
+    """Its port (587 with smtp_starttls, typically)."""
+    smtp_starttls: bool = False
+    """Upgrade the connection with STARTTLS before sending (and before a login)."""
+    smtp_user: str = ""
+    """Login name; empty: no login."""
+    smtp_password_env: str = ""
+    """Environment variable that holds the login's password (never the password itself)."""
     min_severity: str = "warning"
     """Push alerts of this severity or above: info | warning | critical."""
     timeout_s: float = 5.0
@@ -57,6 +74,17 @@ class PushConfig:
         check_range("monitor.push.retries", self.retries, 0, None)
         check_range("monitor.push.backoff_s", self.backoff_s, 0.0, None)
         check_range("monitor.push.queue_size", self.queue_size, 1, None)
+        check_range("monitor.push.smtp_port", self.smtp_port, 1, 65535)
+        for address in [*self.email_to, self.email_from]:
+            if "@" not in address or any(c in address for c in " \r\n,;<>"):
+                raise ConfigError(f"'monitor.push.email_to/email_from': {address!r} is not one e-mail address")
+        if self.smtp_user and not self.smtp_password_env:
+            raise ConfigError("'monitor.push.smtp_user' needs 'monitor.push.smtp_password_env' (the variable "
+                              "holding the password)")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url or self.email_to)
 
 
 class AlertPusher:
@@ -94,24 +122,51 @@ class AlertPusher:
             except queue.Empty:
                 continue
             try:
-                self.counts["pushed" if self._send(alert) else "failed"] += 1
+                channels = ([self._send] if self.cfg.url else []) + ([self._mail] if self.cfg.email_to else [])
+                for channel in channels:
+                    self.counts["pushed" if self._retried(channel, alert) else "failed"] += 1
             finally:
                 self._queue.task_done()
 
-    def _send(self, alert: dict) -> bool:
-        body = json.dumps({"run": self.run, "alert": alert}).encode()
-        headers = {"Content-Type": "application/json", "User-Agent": "rlvr-alerts", **self.cfg.headers}
+    def _retried(self, send, alert: dict) -> bool:
+        """``send(alert)`` tried ``retries + 1`` times, ``backoff_s`` apart, doubling."""
         wait = self.cfg.backoff_s
         for attempt in range(self.cfg.retries + 1):
-            request = urllib.request.Request(self.cfg.url, data=body, headers=headers, method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=self.cfg.timeout_s) as response:
-                    if response.status < 300:
-                        return True
-            except (urllib.error.URLError, OSError, ValueError):
-                pass
+            if send(alert):
+                return True
             if attempt < self.cfg.retries and not self._stop.wait(wait):
                 wait *= 2
             elif self._stop.is_set():
                 return False
         return False
+
+    def _mail(self, alert: dict) -> bool:
+        import os
+        import smtplib
+        from email.message import EmailMessage
+
+        msg = EmailMessage()
+        msg["From"], msg["To"] = self.cfg.email_from, ", ".join(self.cfg.email_to)
+        where = f" at step {alert['step']}" if "step" in alert else ""
+        msg["Subject"] = f"[rlvr] {alert.get('severity', 'info')} {alert.get('detector', 'alert')}{where}: {self.run}"
+        msg.set_content(json.dumps({"run": self.run, "alert": alert}, indent=2, default=str))
+        try:
+            with smtplib.SMTP(self.cfg.smtp_host, self.cfg.smtp_port, timeout=self.cfg.timeout_s) as smtp:
+                if self.cfg.smtp_starttls:
+                    smtp.starttls()
+                if self.cfg.smtp_user:
+                    smtp.login(self.cfg.smtp_user, os.environ.get(self.cfg.smtp_password_env, ""))
+                smtp.send_message(msg)
+            return True
+        except (smtplib.SMTPException, OSError, ValueError):
+            return False
+
+    def _send(self, alert: dict) -> bool:
+        body = json.dumps({"run": self.run, "alert": alert}).encode()
+        headers = {"Content-Type": "application/json", "User-Agent": "rlvr-alerts", **self.cfg.headers}
+        request = urllib.request.Request(self.cfg.url, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.cfg.timeout_s) as response:
+                return response.status < 300
+        except (urllib.error.URLError, OSError, ValueError):
+            return False

@@ -104,7 +104,7 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     # change, seen as a new digest) and the weights it starts from
     oplog.write("run_config", config_sha256=oplog.digest(to_dict(cfg)), resumed_at=step if ckpt is not None else None)
     oplog.write("model_load", model=str(ckpt if ckpt is not None else cfg.model), outcome="ok")
-    pusher = AlertPusher(cfg.monitor.push, run=str(run_dir)) if cfg.monitor.push.url and group.is_main else None
+    pusher = AlertPusher(cfg.monitor.push, run=str(run_dir)) if cfg.monitor.push.enabled and group.is_main else None
     alerts = AlertLog(log_dir, resume_step=step if resume else None, pusher=pusher)
     barrier()  # every rank's detectors start from rank 0's metrics history (truncated at the resumed step)
     monitor = Monitor(cfg.monitor, log_dir, alerts, cfg.reward, code_tools(), seed=cfg.seed,
