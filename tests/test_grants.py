@@ -128,6 +128,14 @@ def test_the_kernel_layer_alone_keeps_a_read_only_workspace_and_no_network(sandb
     assert r.exit_code != 0 and ("PermissionError" in r.stderr or "OSError" in r.stderr)
 
 
+def test_a_result_full_of_escapes_comes_back_whole_up_to_its_grant(sandbox, ws):
+    ws.write("many.py", "\n\"\x01" * 5000)  # 15,000 characters, ~50 KB as JSON
+    assert run_granted(sandbox, "read_path", read_path, READ_PY, {"path": "many.py"}, workdir=ws.path) == "\n\"\x01" * 5000
+    with pytest.raises(GrantRefused) as e:
+        run_granted(sandbox, "read_path", read_path, Grant(read=("*.py",), output_kb=8), {"path": "many.py"}, workdir=ws.path)
+    assert e.value.kind == "output"
+
+
 def test_listing_needs_a_read_grant(sandbox, ws):
     assert run_granted(sandbox, "ls", listing, Grant(read=("*",)), {}, workdir=ws.path) == "main.py\nnotes\nsecret.txt"
     with pytest.raises(GrantRefused) as e:

@@ -77,8 +77,9 @@ class Grant:
     def limits(self):
         from rlvr.sandbox.types import Limits
 
+        # stdout carries the result as JSON: up to 6 bytes per character (\u00XX escapes)
         return Limits(wall_s=self.wall_s, cpu_s=max(1, int(self.wall_s + 0.999)),
-                      memory_mb=self.memory_mb, output_kb=max(self.output_kb + 4, 8))
+                      memory_mb=self.memory_mb, output_kb=6 * self.output_kb + 4)
 
     def describe(self) -> dict[str, Any]:
         """The grant as plain data (the operation log's ``grant`` field, ``rlvr envs show``)."""
