@@ -92,10 +92,6 @@ class Grant:
                 f"wall {self.wall_s:g} s  memory {self.memory_mb} MB  output {self.output_kb} KB")
 
 
-CONTROL = None
-"""The grant of a control tool (``submit``): it runs no code of its own, so it touches nothing."""
-
-
 class GrantRefused(ToolCallError):
     """A call outside its tool's grant. ``kind``: one of ``VIOLATIONS``; ``str(e)`` is the
     error observation."""
