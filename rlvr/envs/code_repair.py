@@ -27,14 +27,13 @@ from typing import Any
 
 from rlvr.envs.base import ENVS, EnvConfig, ToolEnv
 from rlvr.envs.bodies import files
-from rlvr.envs.bodies.files import MAX_FILE_CHARS, MAX_FILES, OK
+from rlvr.envs.bodies.files import OK
 from rlvr.envs.grants import Grant, run_granted
 from rlvr.envs.tools import Tool, ToolCallError
 from rlvr.sandbox import plaindata
 from rlvr.tasks.code_repair import SHIM, runner_program
 from rlvr.types import Message, Task, Verdict
 
-__all__ = ["MAX_FILES", "MAX_FILE_CHARS", "CodeRepairEnv"]
 TESTS_WALL_S = 3.0  # run_tests
 HIDDEN_WALL_S = 5.0  # the hidden tests at verify time
 MAX_TESTS_OUTPUT = 600

@@ -28,6 +28,7 @@ refused: ...`` as the tool result, and the operation log records the call with o
 from __future__ import annotations
 
 import fnmatch
+import functools
 import inspect
 import json
 import posixpath
@@ -222,10 +223,12 @@ def body_program(body: Callable) -> str:
     return _SOURCES[module] + "\n" + _SHIM
 
 
-def system_paths() -> list[str]:
+@functools.cache
+def system_paths() -> tuple[str, ...]:
+    """What every sandbox run may read outside its workspace (computed once: a scan of sys.path)."""
     from rlvr.sandbox.isolate import SYSTEM_READ_ONLY, python_paths
 
-    return [p.rstrip("/") + "/" for p in SYSTEM_READ_ONLY + python_paths()]
+    return tuple(p.rstrip("/") + "/" for p in SYSTEM_READ_ONLY + python_paths())
 
 
 def run_granted(sandbox, tool: str, body: Callable, grant: Grant, arguments: dict[str, Any],
@@ -237,7 +240,7 @@ def run_granted(sandbox, tool: str, body: Callable, grant: Grant, arguments: dic
     from rlvr.sandbox.types import Job
 
     stdin = json.dumps({"function": body.__name__, "args": arguments, "context": context or {},
-                        "grant": grant.describe(), "system": system_paths()})
+                        "grant": grant.describe(), "system": list(system_paths())})
     job = Job.run_program(body_program(body), stdin=stdin, workdir=workdir, protected=protected,
                           limits=grant.limits(), read_only=not grant.write, task_id=task_id)
     r = sandbox.run(job)
