@@ -92,6 +92,7 @@ class Domain:
     levels: tuple[int, ...] = (1, 2, 3, 4)
     needs_sandbox: bool = False  # its verifier executes model output (the trainer opens a sandbox)
     env: str = SINGLE_TURN  # the environment its tasks run in (``Task.env``)
+    corpus_levels: tuple[int, ...] = ()  # the levels its pretraining documents draw from (empty: all)
 
     def sample(self, level: int, rng: random.Random) -> Problem:
         """Draw one candidate problem of ``level``; may land in either split."""
@@ -145,7 +146,7 @@ class Domain:
             rng = seeded_rng(seed, self.name, self.version, "corpus", d)
             items = []
             for i in range(DOC_ITEMS):
-                level = rng.choice(self.levels)
+                level = rng.choice(self.corpus_levels or self.levels)
                 problem = self.draw(split, level, seed, self.name, self.version, "corpus", split, d, i)
                 items.append(self.corpus_text(problem, rng))
             docs.append("\n\n".join(items))
