@@ -58,6 +58,7 @@ bench: setup
 	$(PY) benchmarks/math_agreement.py --json runs/bench/math_agreement.json
 	$(PY) benchmarks/alert_push.py --json runs/bench/alert_push.json
 	$(PY) benchmarks/tool_grants.py --json runs/bench/tool_grants.json
+	$(PY) benchmarks/render_svg.py --json runs/bench/render_svg.json
 
 # Model loading on the lowest transformers pyproject.toml allows (the newest is what `make test` gets),
 # in its own venv (.venv-compat).

@@ -5,7 +5,8 @@ Payload ``{"svg": reference, "viewbox": "0 0 100 100", "size": 100, "colors": ["
 "threshold": 0.9}``. In order:
 
 1. **Extraction**: exactly one ``<svg ...>...</svg>`` element in the completion (text around it is
-   allowed); none, several, or an unclosed one is ``no_svg``. Over ``MAX_CHARS`` is ``too_large``.
+   allowed, except a DOCTYPE, entity or processing instruction anywhere); none, several, or an
+   unclosed one is ``no_svg``. Over ``MAX_CHARS`` is ``too_large``.
 2. **Hard checks on the text** (parsed with the standard library's XML parser, after any
    ``<!DOCTYPE``/``<!ENTITY``, so no entity is ever expanded): ``forbidden`` for a DOCTYPE, an
    entity or a processing instruction, any element outside ``ELEMENTS`` (``script``,
@@ -15,14 +16,17 @@ Payload ``{"svg": reference, "viewbox": "0 0 100 100", "size": 100, "colors": ["
    ``MAX_DEPTH`` nesting or ``MAX_ELEMENTS`` elements; ``wrong_canvas`` when the root's
    ``viewBox`` is not the task's or a ``width``/``height`` differs from its size.
 3. **Render in the sandbox** (``rlvr.verifiers.svg_render`` as an io job): resvg draws the
-   candidate and the reference on a white ``size`` x ``size`` canvas within ``LIMITS``;
+   candidate and the reference on a white ``size`` x ``size`` canvas within the job's limits,
+   ``CHUNK`` answers and their distinct references a job (a job that does not finish whole is
+   run again one answer a job, so one answer never costs another its verdict);
    ``render_error`` when resvg refuses the document (zero size, node limits), ``timeout`` or
    ``sandbox_error`` for the run.
 4. **Score** (here, on the pixels that come back): for each reference colour, the pixels within
    ``COLOR_TOL`` of it in either image, and their intersection over union; plus the same for
-   "ink" (any pixel not white). The score is the mean of these IoUs; ``ok`` at ``threshold`` or
-   more, else ``mismatch`` with the score as partial credit. A blank canvas scores 0, a canvas
-   flooded with one right colour scores about that colour's share of the picture.
+   "ink" (any pixel not white). The similarity is the mean of these IoUs; ``ok`` at ``threshold``
+   or more, else ``mismatch``. Its partial credit is chance-corrected like code's: the similarity
+   beyond the best drawing without shapes (the canvas flooded with one of the colours, or
+   stripes of them: ``trivial_baseline``), ``(s - b) / (1 - b)``, so a blank, flooded or striped canvas scores 0.
 
 The renderer is resvg (``pip install 'rlvr[render]'``): a maintained, memory-safe renderer with no
 scripting or network access and no system libraries to install; CairoSVG needs the system
@@ -32,10 +36,13 @@ cairo library and fetches external URLs unless told not to.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import importlib.util
 import inspect
+import math
 import re
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -54,6 +61,8 @@ SVG_NS = "http://www.w3.org/2000/svg"
 MAX_CHARS = 20_000
 MAX_DEPTH = 16
 MAX_ELEMENTS = 256
+CHUNK = 16  # answers rendered per sandbox job (a process start and imports cost ~100x one render)
+RENDER_S = 0.25  # wall seconds a job's limit grows by per render
 COLOR_TOL = 40  # largest per-channel difference of a pixel "of" a colour (anti-aliased edges fall out)
 ELEMENTS = {"svg", "g", "rect", "circle", "ellipse", "line", "polyline", "polygon", "path", "title", "desc"}
 _OPEN = re.compile(r"<svg\b", re.IGNORECASE)
@@ -139,40 +148,93 @@ def similarity(candidate: np.ndarray, reference: np.ndarray, colors: list[str]) 
     return sum(ious.values()) / len(ious), ious
 
 
+def shapeless_drawings(size: int, colors: list[str]) -> list[np.ndarray]:
+    """Drawings that know the colours and nothing of the shapes: the canvas flooded with each
+    colour, and equal stripes of all of them (across and down, in either order)."""
+    rgbs = [np.array(hex_rgb(c), dtype=np.int16) for c in colors]
+    out = [np.broadcast_to(rgb, (size, size, 3)) for rgb in rgbs]
+    for order in (rgbs, rgbs[::-1]):
+        bands = np.stack([order[min(i * len(order) // size, len(order) - 1)] for i in range(size)])
+        out += [np.broadcast_to(bands[None, :, :], (size, size, 3)), np.broadcast_to(bands[:, None, :], (size, size, 3))]
+    return out
+
+
+def trivial_baseline(reference: np.ndarray, colors: list[str]) -> float:
+    """The best similarity of a drawing without shapes (``shapeless_drawings``)."""
+    return max(similarity(d, reference, colors)[0] for d in shapeless_drawings(len(reference), colors))
+
+
 def require_renderer() -> None:
     if importlib.util.find_spec("resvg_py") is None or importlib.util.find_spec("PIL") is None:
         raise UserError("the svg verifier (render.svg) renders with resvg: pip install 'rlvr[render]'")
 
 
-def render_job(svgs: list[str], size: int, task_id: str = "") -> Job:
-    """An io job rendering each of ``svgs`` at ``size`` (outputs: base64 RGB, or an error)."""
+def render_job(svgs: list[str], size: int | list[int], task_id: str = "") -> Job:
+    """An io job rendering each of ``svgs`` at ``size`` (one, or one per SVG); outputs: base64
+    RGB, or an error. Its wall limit grows with the number of renders."""
     from rlvr.sandbox.types import Job
 
-    return Job.io(inspect.getsource(svg_render), "render", [(s, size) for s in svgs], limits=_limits(),
-                  task_id=task_id)
+    sizes = size if isinstance(size, list) else [size] * len(svgs)
+    limits = _limits()
+    limits = dataclasses.replace(limits, wall_s=limits.wall_s + RENDER_S * len(svgs),
+                                 cpu_s=limits.cpu_s + math.ceil(RENDER_S * len(svgs)))
+    return Job.io(inspect.getsource(svg_render), "render", list(zip(svgs, sizes)), limits=limits, task_id=task_id)
 
 
-def _finish(payload: dict, details: dict[str, Any]):
-    def finish(result: ExecResult) -> Verdict:
-        d = {**details, "status": result.status, "render_s": round(result.duration_s, 4)}
-        if result.status == "timeout":
-            return Verdict(False, 0.0, "timeout", d)
-        outputs = result.outputs or []
-        if result.status != "ok" or len(outputs) != 2 or not result.report_ok:
-            d["stderr"] = (result.stderr or result.error or "")[-300:]
-            return Verdict(False, 0.0, "sandbox_error" if result.status == "error" else "render_error", d)
-        if "error" in outputs[1]:
-            raise RuntimeError(f"the reference SVG does not render: {outputs[1]['error']}")
-        if "error" in outputs[0]:
-            return Verdict(False, 0.0, "render_error", {**d, "error": str(outputs[0]["error"])[:300]})
-        size = payload["size"]
-        score, ious = similarity(pixels(outputs[0]["ok"], size), pixels(outputs[1]["ok"], size), payload["colors"])
-        d.update(similarity=round(score, 4), iou={k: round(v, 4) for k, v in ious.items()})
-        if score >= payload.get("threshold", 0.9):
-            return Verdict(True, 1.0, "ok", d)
-        return Verdict(False, round(score, 4), "mismatch", d)
+@dataclass
+class _Pending:
+    """An answer past the hard checks, waiting for its render."""
 
-    return finish
+    index: int
+    svg: str
+    payload: dict
+    details: dict[str, Any]
+
+
+def _chunk_job(chunk: list[_Pending]) -> tuple[Job, list[tuple[int, int]]]:
+    """One job rendering every answer of ``chunk`` and each distinct reference once, and where
+    each item's answer and reference sit among its outputs."""
+    inputs: list[tuple[str, int]] = []
+    where: dict[tuple[str, int], int] = {}
+    slots = []
+    for item in chunk:
+        pair = []
+        for text in (item.svg, item.payload["svg"]):
+            key = (text, item.payload["size"])
+            if key not in where:
+                where[key] = len(inputs)
+                inputs.append(key)
+            pair.append(where[key])
+        slots.append((pair[0], pair[1]))
+    return render_job([t for t, _ in inputs], [n for _, n in inputs]), slots
+
+
+def _whole(result: ExecResult, n: int) -> bool:
+    """Whether the job ran to the end and reported an output for each of its ``n`` renders."""
+    return result.status == "ok" and result.report_ok and len(result.outputs or []) == n
+
+
+def _verdict(item: _Pending, result: ExecResult, slot: tuple[int, int]) -> Verdict:
+    d = {**item.details, "status": result.status}
+    if result.status == "timeout":
+        return Verdict(False, 0.0, "timeout", d)
+    if result.status != "ok" or not result.report_ok or not result.outputs:
+        d["stderr"] = (result.stderr or result.error or "")[-300:]
+        return Verdict(False, 0.0, "sandbox_error" if result.status == "error" else "render_error", d)
+    answer, ref = result.outputs[slot[0]], result.outputs[slot[1]]
+    if "error" in ref:
+        raise RuntimeError(f"the reference SVG does not render: {ref['error']}")
+    if "error" in answer:
+        return Verdict(False, 0.0, "render_error", {**d, "error": str(answer["error"])[:300]})
+    size, colors = item.payload["size"], item.payload["colors"]
+    reference = pixels(ref["ok"], size)
+    score, ious = similarity(pixels(answer["ok"], size), reference, colors)
+    baseline = trivial_baseline(reference, colors)
+    d.update(similarity=round(score, 4), iou={k: round(v, 4) for k, v in ious.items()},
+             trivial_baseline=round(baseline, 4))
+    if score >= item.payload.get("threshold", 0.9):
+        return Verdict(True, 1.0, "ok", d)
+    return Verdict(False, round(max(0.0, (score - baseline) / (1 - baseline)), 4), "mismatch", d)
 
 
 class SvgVerifier:
@@ -180,29 +242,52 @@ class SvgVerifier:
 
     name = "svg"
 
-    def _prepare(self, task: Task, completion: str):
+    def _prepare(self, index: int, task: Task, completion: str) -> Verdict | _Pending:
         payload = task.spec.payload
         svg = extract_svg(completion) if isinstance(completion, str) else None
         details: dict[str, Any] = {"format_ok": svg is not None}
         if svg is None:
             return Verdict(False, 0.0, "no_svg", details)
-        failed = hard_check(svg, payload)
+        declaration = _DECLARATION.search(completion)  # also outside the element: a DOCTYPE before it
+        failed = ("forbidden", f"declaration at {declaration.start()}") if declaration else hard_check(svg, payload)
         if failed:
             return Verdict(False, 0.0, failed[0], {**details, "detail": failed[1]})
         require_renderer()
-        return render_job([svg, payload["svg"]], payload["size"], task.id), _finish(payload, details)
+        return _Pending(index, svg, payload, details)
 
     def check(self, task: Task, completion: str) -> Verdict:
         return self.check_many([(task, completion)])[0]
 
     def check_many(self, pairs: list[tuple[Task, str]]) -> list[Verdict]:
-        """Every render of the batch submitted to the sandbox at once, verdicts in order."""
+        """Verdicts in order. Answers past the hard checks are rendered ``CHUNK`` to a sandbox job
+        (each distinct reference once), the jobs submitted at once; a job that does not finish
+        whole is run again one answer a job, so one answer never fails another."""
         from rlvr.verifiers.code import current_sandbox
 
-        prepared = [self._prepare(task, completion) for task, completion in pairs]
-        sandbox = current_sandbox() if any(isinstance(p, tuple) for p in prepared) else None
-        futures = [sandbox.submit(p[0]) if isinstance(p, tuple) else None for p in prepared]
-        return [p[1](f.result()) if f is not None else p for p, f in zip(prepared, futures)]
+        verdicts: list[Verdict | None] = [None] * len(pairs)
+        pending: list[_Pending] = []
+        for i, (task, completion) in enumerate(pairs):
+            p = self._prepare(i, task, completion)
+            if isinstance(p, Verdict):
+                verdicts[i] = p
+            else:
+                pending.append(p)
+        if pending:
+            sandbox = current_sandbox()
+            chunks = [pending[k: k + CHUNK] for k in range(0, len(pending), CHUNK)]
+            jobs = [_chunk_job(chunk) for chunk in chunks]
+            futures = [sandbox.submit(job) for job, _ in jobs]
+            for chunk, (job, slots), future in zip(chunks, jobs, futures):
+                result = future.result()
+                if len(chunk) > 1 and not _whole(result, len(job.inputs)):
+                    alone = [_chunk_job([item]) for item in chunk]
+                    results = [f.result() for f in [sandbox.submit(j) for j, _ in alone]]
+                    for item, (_, one), r in zip(chunk, alone, results):
+                        verdicts[item.index] = _verdict(item, r, one[0])
+                    continue
+                for item, slot in zip(chunk, slots):
+                    verdicts[item.index] = _verdict(item, result, slot)
+        return verdicts  # type: ignore[return-value]  (every slot is filled)
 
     def validate_payload(self, payload: dict) -> None:
         check_keys(payload, PAYLOAD_KEYS)
