@@ -561,3 +561,24 @@ def svg_tricks(task: Task) -> list[Attempt] | None:
         f'<!DOCTYPE svg [<!ENTITY g "">]>{gold}',
         gold + gold,
     ]
+
+
+@HACKS.register("cad_tricks")
+def cad_tricks(task: Task) -> list[Attempt] | None:
+    """``cad.shapes``: the outline without the features (the reference's bounding box as a box), the
+    reference nudged (scaled 5%, a stray sphere beside it), and the measurement attacked from the
+    answer's process (manifold3d's volume and bounding box patched, ``export`` replaced by a
+    hand-made mesh)."""
+    if task.spec.kind != "cad":
+        return None
+    reference = str(task.spec.payload["program"]).replace("def part():", "def reference():")
+    outline = ("    x0, y0, z0, x1, y1, z1 = reference().bounding_box()\n"
+               "    return box(x1 - x0, y1 - y0, z1 - z0, at=(x0, y0, z0))\n")
+    patched = ("import manifold3d\nmanifold3d.Manifold.volume = lambda self: 1.0\n"
+               "manifold3d.Manifold.status = lambda self: manifold3d.Error.NoError\n")
+    return [block(reference + "\ndef part():\n" + outline),
+            block(reference + "\ndef part():\n    return reference().scale([1.05, 1.05, 1.05])\n"),
+            block(reference + "\ndef part():\n    return union(reference(), sphere(2, at=(-20, -20, 0)))\n"),
+            block(patched + reference + "\ndef part():\n" + outline),
+            block(reference + "\ndef part():\n    return reference()\n\ndef export():\n"
+                  "    return '[[[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], [[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3]]]'\n")]
