@@ -59,6 +59,7 @@ bench: setup
 	$(PY) benchmarks/alert_push.py --json runs/bench/alert_push.json
 	$(PY) benchmarks/tool_grants.py --json runs/bench/tool_grants.json
 	$(PY) benchmarks/render_svg.py --json runs/bench/render_svg.json
+	$(PY) benchmarks/cad_shapes.py --json runs/bench/cad_shapes.json
 
 # Model loading on the lowest transformers pyproject.toml allows (the newest is what `make test` gets),
 # in its own venv (.venv-compat).

@@ -61,6 +61,20 @@ def check_all(pairs: list[tuple[Task, str]]) -> list[Verdict]:
     return verdicts  # type: ignore[return-value]  (every slot is filled above)
 
 
+def prepare_all(pairs: list[tuple[Task, str]], prepare) -> tuple[list[Verdict | None], list]:
+    """``prepare(index, task, completion)`` on each pair: a ``Verdict`` (found before any run) goes
+    into its slot of the first list; anything else (work for the sandbox) into the second."""
+    verdicts: list[Verdict | None] = [None] * len(pairs)
+    pending = []
+    for i, (task, completion) in enumerate(pairs):
+        p = prepare(i, task, completion)
+        if isinstance(p, Verdict):
+            verdicts[i] = p
+        else:
+            pending.append(p)
+    return verdicts, pending
+
+
 def example_task(kind: str, i: int, question: str, payload: dict) -> Task:
     """A small task of spec ``kind`` for a verifier's ``examples()`` (the conformance suite checks
     verifiers that no built-in domain uses through them)."""

@@ -40,7 +40,7 @@ from rlvr.errors import UserError
 from rlvr.types import Task, Verdict
 from rlvr.verifiers import cad_api
 from rlvr.verifiers.answer import check_keys
-from rlvr.verifiers.base import VERIFIERS, example_task
+from rlvr.verifiers.base import VERIFIERS, example_task, prepare_all
 from rlvr.verifiers.code import compile_check, defines_top_level, extract_code
 
 if TYPE_CHECKING:
@@ -151,14 +151,7 @@ class CadVerifier:
         from rlvr.verifiers.code import current_sandbox
 
         api = inspect.getsource(cad_api)
-        verdicts: list[Verdict | None] = [None] * len(pairs)
-        pending: list[_Pending] = []
-        for i, (task, completion) in enumerate(pairs):
-            p = self._prepare(i, task, completion)
-            if isinstance(p, Verdict):
-                verdicts[i] = p
-                continue
-            pending.append(p)
+        verdicts, pending = prepare_all(pairs, self._prepare)
         if not pending:
             return verdicts  # type: ignore[return-value]
         sandbox = current_sandbox()

@@ -51,7 +51,7 @@ from rlvr.errors import UserError
 from rlvr.types import Task, Verdict
 from rlvr.verifiers import svg_render
 from rlvr.verifiers.answer import check_keys
-from rlvr.verifiers.base import VERIFIERS, example_task
+from rlvr.verifiers.base import VERIFIERS, example_task, prepare_all
 
 if TYPE_CHECKING:
     from rlvr.sandbox.types import ExecResult, Job
@@ -264,14 +264,7 @@ class SvgVerifier:
         whole is run again one answer a job, so one answer never fails another."""
         from rlvr.verifiers.code import current_sandbox
 
-        verdicts: list[Verdict | None] = [None] * len(pairs)
-        pending: list[_Pending] = []
-        for i, (task, completion) in enumerate(pairs):
-            p = self._prepare(i, task, completion)
-            if isinstance(p, Verdict):
-                verdicts[i] = p
-            else:
-                pending.append(p)
+        verdicts, pending = prepare_all(pairs, self._prepare)
         if pending:
             sandbox = current_sandbox()
             chunks = [pending[k: k + CHUNK] for k in range(0, len(pending), CHUNK)]
