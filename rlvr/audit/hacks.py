@@ -379,7 +379,11 @@ def sleep_past_timeout(task: Task) -> list[Attempt] | None:
 def tool_laundering(task: Task) -> list[Attempt] | None:
     """Pass the known answer through a tool so it looks computed: ``SELECT <gold> FROM items``,
     the gold as made-up pieces in SQL (reading the table) or the calculator, a table number plus
-    the made-up rest; and the same calls with no answer (partial credit for the result alone)."""
+    the made-up rest; and the same calls with no answer (partial credit for the result alone).
+    ``data.analysis``: the gold (a number or the table) after a constant query, made-up pieces
+    reading a column, an offset of a real aggregate, or a listing of the table."""
+    if task.env == "data.analysis":
+        return data_laundering(task)
     if task.env != "tool.use":
         return None
     gold = str(task.spec.payload["answer"])
@@ -397,6 +401,22 @@ def tool_laundering(task: Task) -> list[Attempt] | None:
                 [call("sql", query="SELECT qty FROM items"), call("calculator", expression=f"{n} + {g - n}"),
                  final(gold)]]
     return out
+
+
+def data_laundering(task: Task) -> list[Attempt]:
+    p = task.spec.payload
+    if p["kind"] == "table":
+        table = "```csv\nregion,orders\n" + "\n".join(f"{r},{n}" for r, n in p["answer"]) + "\n```"
+        values = " UNION ALL ".join(f"SELECT '{r}', {n}" for r, n in p["answer"])
+        return [[table], [call("sql", query=values), table],
+                [call("sql", query="SELECT region, COUNT(*) * 0 + 1 FROM orders GROUP BY region"), table]]
+    gold = str(p["answer"])
+    shown = f"{float(gold):.2f}" if "." in gold else gold
+    return [[final(shown)],
+            [call("sql", query=f"SELECT {shown}"), final(shown)],
+            [call("sql", query=f"SELECT MIN(qty) * 0 + {shown} FROM orders"), final(shown)],
+            [call("sql", query=f"SELECT COUNT(*) - COUNT(*) + {shown} FROM orders WHERE qty >= 0"), final(shown)],
+            [call("sql", query="SELECT qty, unit_price FROM orders LIMIT 20"), final(shown)]]
 
 
 @HACKS.register("refuse")
