@@ -87,9 +87,9 @@ _builtin(Suite("code", "v1", ("code.debug", "code.gen"), tasks=400,
                description="single-turn code: write and fix a function, run against hidden tests in the sandbox"))
 _builtin(Suite("agentic", "v1", ("code.repair", "tool.use"), tasks=200,
                description="multi-turn episodes in their environments (repair a repository, query a table)"))
-_builtin(Suite("professional", "v1", ("docs.tables", "render.svg", "cad.shapes"), tasks=600,
+_builtin(Suite("professional", "v1", ("docs.tables", "render.svg", "cad.shapes", "data.analysis"), tasks=800,
                description="professional tools: numbers from quarterly reports (L1-L4, up to ~1.4k tokens), "
-                           "SVG scenes rendered and 3D parts measured in the sandbox"))
+                           "SVG scenes rendered and 3D parts measured in the sandbox, SQL over messy data"))
 _builtin(Suite("all", "v1", (EVERY_BUILTIN,), tasks=800,
                description="every built-in domain registered (reasoning-gym's rg.* left out); "
                            "the report lists the domains it took"))
