@@ -60,6 +60,7 @@ bench: setup
 	$(PY) benchmarks/tool_grants.py --json runs/bench/tool_grants.json
 	$(PY) benchmarks/render_svg.py --json runs/bench/render_svg.json
 	$(PY) benchmarks/cad_shapes.py --json runs/bench/cad_shapes.json
+	$(PY) benchmarks/data_analysis.py --json runs/bench/data_analysis.json
 
 # Model loading on the lowest transformers pyproject.toml allows (the newest is what `make test` gets),
 # in its own venv (.venv-compat).
