@@ -83,6 +83,17 @@ def test_rlvr_schema_round_trips(tmp_path):
     assert load_task_file(again, check_solutions=False)[0] == tasks
 
 
+def test_episode_tasks_of_every_environment_round_trip(tmp_path):
+    import rlvr.tasks  # noqa: F401  (registration)
+    from rlvr.tasks.base import DOMAINS
+
+    tasks = [DOMAINS.get(d).generate("train", 1, i, 0) for d in ("data.analysis", "tool.use", "code.repair")
+             for i in range(2)]
+    path = write(tmp_path, [t.to_dict() for t in tasks])
+    loaded, dropped = load_task_file(path, check_solutions=True)
+    assert loaded == tasks and dropped == []
+
+
 @pytest.mark.parametrize("line, message", [
     ("{not json", "invalid JSON"),
     ("[1, 2]", "expected a JSON object, got list"),
@@ -98,6 +109,8 @@ def test_rlvr_schema_round_trips(tmp_path):
     ({**MATH.to_dict(), "prompt": "Compute 2 + 3."}, "field 'prompt' is not a non-empty list"),
     ({**MATH.to_dict(), "spec": {"kind": "nope", "payload": {}}}, "field 'spec.kind' names no verifier 'nope'"),
     ({"question": "2+2?"}, "field 'prompt' is missing; name the prompt column with --map prompt=COLUMN"),
+    ({**MATH.to_dict(), "env": "nope"}, "field 'env' names no environment 'nope'"),
+    ({**MATH.to_dict(), "env": "tool.use"}, "field 'spec.kind' is 'math'; a task of environment 'tool.use' has spec kind"),
     (HE[0], "field 'id' repeats task 'file:tasks/HE/0' \\(line 1\\)"),
 ])
 def test_malformed_lines_name_file_line_and_field(tmp_path, line, message):

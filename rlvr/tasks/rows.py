@@ -43,7 +43,7 @@ from typing import Any
 from rlvr.config import check_choice
 from rlvr.errors import ConfigError
 from rlvr.tasks.readers import FORMATS, Row
-from rlvr.types import Spec, Task
+from rlvr.types import SINGLE_TURN, Spec, Task
 
 HUMANEVAL_FIELDS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
 RLVR_FIELDS = ("id", "domain", "level", "prompt", "spec")
@@ -292,7 +292,15 @@ def rlvr_task(obj: dict[str, Any]) -> Task:
         raise RowError("spec", "is missing" if "spec" not in obj else "is not an object")
     if not isinstance(spec.get("kind"), str):
         raise RowError("spec.kind", "is missing" if "kind" not in spec else "is not a string")
-    if spec["kind"] not in VERIFIERS:
+    env = obj.get("env", SINGLE_TURN)
+    if env != SINGLE_TURN:  # an episode: its environment judges it, and its spec kind names it
+        from rlvr.envs.base import ENVS
+
+        if not isinstance(env, str) or env not in ENVS:
+            raise RowError("env", f"names no environment {env!r}; choose one of: {', '.join(ENVS.names())}")
+        if spec["kind"] != env:
+            raise RowError("spec.kind", f"is {spec['kind']!r}; a task of environment {env!r} has spec kind {env!r}")
+    elif spec["kind"] not in VERIFIERS:
         raise RowError("spec.kind", f"names no verifier {spec['kind']!r}; choose one of: {', '.join(VERIFIERS.names())}")
     if not isinstance(spec.get("payload", {}), dict):
         raise RowError("spec.payload", "is not an object")
