@@ -15,7 +15,7 @@ from rlvr.tasks.base import DOMAINS
 from rlvr.tasks.cad_shapes import threshold
 from rlvr.verifiers.base import check_all, get_verifier
 
-pytest.importorskip("manifold3d", reason="the cad extra (manifold3d) is not installed")
+pytest.importorskip("manifold3d", reason="the manifold3d extra is not installed")
 
 DOMAIN = DOMAINS.get("cad.shapes")
 
@@ -136,7 +136,7 @@ def test_a_broken_measuring_job_is_rerun_one_mesh_a_job(sandbox, tasks, monkeypa
     assert [v.reason for v in check_all(pairs)] == expected
 
 
-def test_without_the_cad_extra_the_error_is_one_line_naming_it(monkeypatch):
+def test_without_manifold3d_the_error_is_one_line_naming_the_extra(monkeypatch):
     from rlvr.errors import UserError
     from rlvr.verifiers import cad as cad_module
 
@@ -144,7 +144,7 @@ def test_without_the_cad_extra_the_error_is_one_line_naming_it(monkeypatch):
     monkeypatch.setattr(cad_module.importlib.util, "find_spec",
                         lambda name, *a: None if name == "manifold3d" else real(name, *a))
     t = DOMAIN.generate("train", 1, 0, 0)
-    with pytest.raises(UserError, match=r"pip install 'rlvr\[cad\]'"):
+    with pytest.raises(UserError, match=r"pip install 'rlvr\[manifold3d\]'"):
         get_verifier(t).check(t, t.reference)
     assert get_verifier(t).check(t, "no program").reason == "no_code"
 

@@ -20,7 +20,7 @@ from rlvr.verifiers.base import check_all, get_verifier
 from rlvr.verifiers.svg_attacks import HEAD, hostile_svgs as hostile, svg
 from rlvr.verifiers.svg import COLOR_TOL, MAX_CHARS, SVG_NS, extract_svg, hard_check, hex_rgb, pixels, render_job, similarity
 
-pytest.importorskip("resvg_py", reason="the render extra (resvg) is not installed")
+pytest.importorskip("resvg_py", reason="the resvg_py extra is not installed")
 
 DOMAIN = DOMAINS.get("render.svg")
 PAYLOAD = {"viewbox": VIEWBOX, "size": 100}
@@ -202,7 +202,7 @@ def test_scenes_are_deterministic_and_levels_grow():
     assert sizes[0] < sizes[1] < sizes[3]
 
 
-def test_without_the_render_extra_the_error_is_one_line_naming_it(monkeypatch):
+def test_without_resvg_the_error_is_one_line_naming_the_extra(monkeypatch):
     import importlib.util
 
     from rlvr.errors import UserError
@@ -212,7 +212,7 @@ def test_without_the_render_extra_the_error_is_one_line_naming_it(monkeypatch):
     monkeypatch.setattr(svg_module.importlib.util, "find_spec",
                         lambda name, *a: None if name == "resvg_py" else real(name, *a))
     t = task()
-    with pytest.raises(UserError, match=r"pip install 'rlvr\[render\]'"):
+    with pytest.raises(UserError, match=r"pip install 'rlvr\[resvg_py\]'"):
         get_verifier(t).check(t, t.reference)
     assert get_verifier(t).check(t, "no picture").reason == "no_svg"  # nothing to render: no need for it
 

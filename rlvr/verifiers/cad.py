@@ -25,7 +25,7 @@ order:
 
 Exact booleans rather than voxels: manifold3d computes the intersection and union volumes of two
 closed meshes exactly, so the IoU has no grid resolution to tune and costs milliseconds; the
-boolean backend trimesh would call is the same library. The extra: ``pip install 'rlvr[cad]'``.
+boolean backend trimesh would call is the same library. The extra: ``pip install 'rlvr[manifold3d]'``.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _limits(wall_s: float):
 
 def require_backend() -> None:
     if importlib.util.find_spec("manifold3d") is None:
-        raise UserError("the cad verifier (cad.shapes) measures solids with manifold3d: pip install 'rlvr[cad]'")
+        raise UserError("the cad verifier (cad.shapes) measures solids with manifold3d: pip install 'rlvr[manifold3d]'")
 
 
 def bar(b: float, threshold: float) -> float:

@@ -28,7 +28,7 @@ Payload ``{"svg": reference, "viewbox": "0 0 100 100", "size": 100, "colors": ["
    beyond the best drawing without shapes (the canvas flooded with one of the colours, or
    stripes of them: ``trivial_baseline``), ``(s - b) / (1 - b)``, so a blank, flooded or striped canvas scores 0.
 
-The renderer is resvg (``pip install 'rlvr[render]'``): a maintained, memory-safe renderer with no
+The renderer is resvg (``pip install 'rlvr[resvg_py]'``): a maintained, memory-safe renderer with no
 scripting or network access and no system libraries to install; CairoSVG needs the system
 cairo library and fetches external URLs unless told not to.
 """
@@ -166,7 +166,7 @@ def trivial_baseline(reference: np.ndarray, colors: list[str]) -> float:
 
 def require_renderer() -> None:
     if importlib.util.find_spec("resvg_py") is None or importlib.util.find_spec("PIL") is None:
-        raise UserError("the svg verifier (render.svg) renders with resvg: pip install 'rlvr[render]'")
+        raise UserError("the svg verifier (render.svg) renders with resvg: pip install 'rlvr[resvg_py]'")
 
 
 def render_job(svgs: list[str], size: int | list[int], task_id: str = "") -> Job:
