@@ -38,6 +38,7 @@ def tasks():
             for i in range(2)]
 
 
+@pytest.mark.slow  # the conformance suite plays every domain's references by default
 def test_references_pass_and_another_part_fails(sandbox, tasks):
     verdicts = check_all([(t, t.reference) for t in tasks])
     assert all(v.passed and v.details["iou"] == 1.0 for v in verdicts), [v.details for v in verdicts if not v.passed]
@@ -122,6 +123,7 @@ def test_thresholds_sit_inside_the_smallest_feature():
             assert 0.9 <= DOMAIN.generate("train", level, i, 0).spec.payload["threshold"] <= 0.999
 
 
+@pytest.mark.slow  # ~20 s of sandbox jobs; the svg verifier's twin of this test runs by default
 def test_a_broken_measuring_job_is_rerun_one_mesh_a_job(sandbox, tasks, monkeypatch):
     from rlvr.verifiers import cad as cad_module
 

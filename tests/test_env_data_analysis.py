@@ -39,6 +39,7 @@ def task_of(level: int, kind: str, split: str = "train"):
     raise AssertionError(f"no {kind} task at level {level}")
 
 
+@pytest.mark.slow  # the conformance suite plays every domain's references by default
 def test_the_expert_passes_every_level_and_split(env):
     for split in ("train", "eval"):
         for level in DOMAIN.levels:

@@ -36,6 +36,7 @@ def tasks():
             for i in range(4)]
 
 
+@pytest.mark.slow  # the conformance suite plays every domain's references by default
 def test_references_pass_and_another_scene_fails(sandbox, tasks):
     verdicts = check_all([(t, t.reference) for t in tasks])
     assert all(v.passed for v in verdicts), [v.details for v in verdicts if not v.passed]
