@@ -326,3 +326,17 @@ def test_real_code_gen_prompts_parse_and_their_references_are_not_flagged():
         program = t.reference.removeprefix("```python\n").removesuffix("```")
         s = scored(t, t.reference, passed=True, score=1.0, details={"code": program})
         assert flags("literal_expected", [s]) == {} and flags("tampering", [s]) == {}, program
+
+
+
+def test_answer_stuffing_leaves_drawings_and_cad_programs_alone():
+    """An SVG or a CAD program is a list of numbers by nature, not a stuffed answer (the
+    professional recipe's render.svg answers were flagged as 'a list of 12 numbers')."""
+    import rlvr.tasks  # noqa: F401  (registration)
+    from rlvr.tasks.base import DOMAINS
+
+    drawings = [DOMAINS.get(name).generate("train", 4, 0, 0) for name in ("render.svg", "cad.shapes")]
+    assert all(stuffing_note(t.reference, CFG.answer_stuffing) for t in drawings)  # the text alone looks stuffed
+    batch = [scored(t, t.reference, passed=True) for t in drawings]
+    batch.append(scored(math_task(), " ".join(str(n) for n in range(30))))
+    assert flags("answer_stuffing", batch) == {2: "a list of 30 numbers (30 words)"}

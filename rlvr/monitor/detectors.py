@@ -72,8 +72,13 @@ def is_code(s: Scored) -> bool:
     return s.task.spec.kind == "code"
 
 
-def not_code(s: Scored) -> bool:
-    return s.task.spec.kind != "code"
+ARTEFACTS = ("code", "svg", "cad")
+"""Spec kinds whose answer is an artefact (a program, a drawing), not a final answer: full of
+numbers by nature, so the final-answer detectors leave them alone."""
+
+
+def answers_in_text(s: Scored) -> bool:
+    return s.task.spec.kind not in ARTEFACTS
 
 
 @dataclass(frozen=True)
@@ -313,12 +318,13 @@ def literal_expected(batch: list[Scored], cfg, code: CodeTools) -> dict[int, str
 
 @detector("answer_stuffing", "sample", "warning",
           "several answer markers, a final answer listing many numbers, one number or the answer "
-          "stated many times, or a completion that is mostly a long list of numbers (non-code tasks)",
-          eligible=not_code)
+          "stated many times, or a completion that is mostly a long list of numbers (not for code, "
+          "SVG or CAD answers)",
+          eligible=answers_in_text)
 def answer_stuffing(batch: list[Scored], cfg, code: CodeTools) -> dict[int, str]:
     out = {}
     for i, s in enumerate(batch):
-        if s.task.spec.kind == "code":
+        if not answers_in_text(s):
             continue
         note = stuffing_note(s.trajectory.completion, cfg)
         if note:
