@@ -294,10 +294,12 @@ def rlvr_task(obj: dict[str, Any]) -> Task:
         raise RowError("spec.kind", "is missing" if "kind" not in spec else "is not a string")
     env = obj.get("env", SINGLE_TURN)
     if env != SINGLE_TURN:  # an episode: its environment judges it, and its spec kind names it
-        from rlvr.envs.base import ENVS
+        import rlvr.tasks  # noqa: F401  (registers the built-in domains; rlvr.envs would be a cycle)
+        from rlvr.tasks.base import DOMAINS
 
-        if not isinstance(env, str) or env not in ENVS:
-            raise RowError("env", f"names no environment {env!r}; choose one of: {', '.join(ENVS.names())}")
+        envs = sorted({getattr(DOMAINS.get(n), "env", SINGLE_TURN) for n in DOMAINS.names()} - {SINGLE_TURN})
+        if not isinstance(env, str) or env not in envs:
+            raise RowError("env", f"names no environment {env!r}; choose one of: {', '.join(envs)}")
         if spec["kind"] != env:
             raise RowError("spec.kind", f"is {spec['kind']!r}; a task of environment {env!r} has spec kind {env!r}")
     elif spec["kind"] not in VERIFIERS:
