@@ -61,6 +61,7 @@ bench: setup
 	$(PY) benchmarks/render_svg.py --json runs/bench/render_svg.json
 	$(PY) benchmarks/cad_shapes.py --json runs/bench/cad_shapes.json
 	$(PY) benchmarks/data_analysis.py --json runs/bench/data_analysis.json
+	$(PY) benchmarks/learnability.py --json runs/bench/learnability.json
 
 # Model loading on the lowest transformers pyproject.toml allows (the newest is what `make test` gets),
 # in its own venv (.venv-compat).

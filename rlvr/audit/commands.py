@@ -1,8 +1,9 @@
-"""``rlvr audit rewards`` and ``rlvr audit log``: flags and printing; the audits themselves are
-``rlvr.audit.rewards`` and ``rlvr.oplog.verify``.
+"""``rlvr audit rewards``, ``rlvr audit learnability`` and ``rlvr audit log``: flags and printing;
+the audits themselves are ``rlvr.audit.rewards``, ``rlvr.audit.learnability`` and ``rlvr.oplog.verify``.
 
 Exit status: ``rewards``: 0 when no hack earns reward, 1 when one does (each such cell named on
-stderr); ``log``: 0 when the chain is intact, 1 when it is broken (the line and why on stderr);
+stderr); ``learnability``: 0 when held-out pass@1 rose on every domain and no noisy arm always
+passes, 1 otherwise; ``log``: 0 when the chain is intact, 1 when it is broken (the line and why on stderr);
 2 for a user error (an unknown hack, domain or outcome, an unreadable file).
 """
 
@@ -38,6 +39,26 @@ def add_parser(sub, file_flags, file_entries) -> None:
     file_flags(g)
     g.add_argument("--domains", default=None, metavar="A,B", help="built-in domains to audit ('' for none)")
     a.set_defaults(fn=run, file_entries=file_entries)
+    le = actions.add_parser(
+        "learnability", help="GRPO on each domain's reference policy with noise: does its reward teach?",
+        description="For each domain, a policy over noise arms of its tasks' references (the clean reference "
+                    "first; numbers off or in the wrong scale, jittered coordinates, ungrounded or laundered "
+                    "answers) starts mostly noisy and is trained with GRPO on the real verifier's rewards; "
+                    "prints held-out pass@1 before and after and what each arm earns (docs/audit.md). Exit 1 "
+                    "if pass@1 did not rise or an arm other than the reference always passes.")
+    le.add_argument("--domains", required=True, metavar="A,B",
+                    help="built-in domains whose spec kind has noise arms (number, svg, cad, data.analysis)")
+    le.add_argument("--levels", default="1,2", metavar="1,2", help="levels to draw tasks from (default 1,2)")
+    le.add_argument("--steps", type=int, default=15, help="GRPO steps (default 15)")
+    le.add_argument("--tasks-per-step", type=int, default=8, help="training tasks a step (default 8)")
+    le.add_argument("--samples", type=int, default=8, help="arms sampled per task, the GRPO group (default 8)")
+    le.add_argument("--eval-tasks", type=int, default=40, help="held-out tasks (default 40)")
+    le.add_argument("--start", type=float, default=0.05, help="the reference arm's probability at the start")
+    le.add_argument("--outcome", default="binary", choices=("binary", "score"),
+                    help="reward.outcome: binary, or score (partial credit)")
+    le.add_argument("--seed", type=int, default=0)
+    le.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    le.set_defaults(fn=run_learnability_cmd)
     lg = actions.add_parser(
         "log", help="verify an operation log's hash chain and summarise it; exit 1 if the chain is broken",
         description="Check <run>/operations.jsonl (rlvr.oplog): every record follows the one before by hash, so "
@@ -53,6 +74,49 @@ def add_parser(sub, file_flags, file_entries) -> None:
     lg.add_argument("--push", default="", metavar="URL",
                     help="also POST each flag as an alert to this webhook (monitor.push's format)")
     lg.set_defaults(fn=run_log)
+
+
+def run_learnability_cmd(args: argparse.Namespace) -> None:
+    import rlvr.tasks  # noqa: F401  (registration)
+    from rlvr.audit.learnability import LearnabilityConfig, arms_for, run_learnability, summary, to_dict
+    from rlvr.tasks.base import DOMAINS
+
+    try:
+        levels = tuple(int(x) for x in _names(args.levels))
+    except ValueError:
+        raise UserError(f"--levels must be comma-separated integers, got {args.levels!r}") from None
+    for name in _names(args.domains):
+        bad = [lv for lv in levels if lv not in DOMAINS.get(name).levels]  # an unknown domain lists the choices
+        if bad or not levels:
+            raise UserError(f"--levels: {name} has levels {list(DOMAINS.get(name).levels)}, not {bad or args.levels!r}")
+        try:
+            arms_for(DOMAINS.get(name).generate("train", levels[0], 0, args.seed))
+        except ValueError as e:
+            raise UserError(f"{name}: {e}") from None
+    if not 0 < args.start < 1 or min(args.steps, args.tasks_per_step - 1, args.samples - 2, args.eval_tasks - 1) < 0:
+        raise UserError("--start must be in (0, 1); --steps >= 0, --tasks-per-step >= 1, --samples >= 2, "
+                        "--eval-tasks >= 1")
+    results, failed = [], []
+    for name in _names(args.domains):
+        r = run_learnability(LearnabilityConfig(
+            name, levels=levels, steps=args.steps, tasks_per_step=args.tasks_per_step, samples_per_task=args.samples,
+            start=args.start, outcome=args.outcome, eval_tasks=args.eval_tasks, seed=args.seed))
+        print(summary(r))
+        results.append(to_dict(r))
+        always = [a for a in r.arms[1:] if r.arm_pass[a] == 1.0]
+        if always:
+            failed.append(f"{name}: the noisy arm(s) {', '.join(always)} pass every held-out task")
+        if args.steps and r.pass_after <= r.pass_before:
+            failed.append(f"{name}: held-out pass@1 did not rise ({r.pass_before:.1%} -> {r.pass_after:.1%})")
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out, json.dumps({"levels": list(levels), "domains": results}, indent=2))
+        print(f"wrote {out}")
+    for line in failed:
+        print(f"rlvr: audit learnability: {line}", file=sys.stderr)
+    if failed:
+        raise SystemExit(1)
 
 
 def run_log(args: argparse.Namespace) -> None:

@@ -30,7 +30,7 @@ from rlvr.audit.hacks import HACKS, Attempt
 from rlvr.envs.base import EnvConfig, make_env
 from rlvr.rewards import RewardConfig, score_all
 from rlvr.tasks.base import DOMAINS
-from rlvr.types import EpisodeInfo, Spec, Task, Trajectory
+from rlvr.types import EpisodeInfo, Scored, Spec, Task, Trajectory
 from rlvr.verifiers.base import VERIFIERS
 from rlvr.verifiers.judge import judge
 
@@ -158,6 +158,31 @@ def _play(task: Task, turns: list[str], cfg: EnvConfig, opened: list):
     return env
 
 
+def reward_attempts(runs: list[tuple[Task, Attempt]], outcomes: tuple[str, ...] = ("binary",),
+                    env_cfg: EnvConfig | None = None, workers: int = 8) -> dict[str, list[Scored]]:
+    """Judge and reward each (task, attempt) the way training does: a completion is one
+    single-turn episode; a list of turns is played in a fresh instance of the task's environment
+    (real tools, real sandbox), then every episode goes through ``judge`` and ``score_all`` once
+    per outcome in ``outcomes``. Returns, per outcome, one ``Scored`` per run, in order."""
+    cfg = env_cfg or EnvConfig()
+    played = [i for i, (t, _) in enumerate(runs) if t.multi_turn]
+    episodes: list[_Episode] = [_Episode(_trajectory(i, t, a)) for i, (t, a) in enumerate(runs)]
+    run_tasks = [t for t, _ in runs]
+    opened: list = []
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as threads:
+            envs = threads.map(lambda i: _play(runs[i][0], runs[i][1], cfg, opened), played)
+            for i, env in zip(played, envs):
+                episodes[i] = _Episode(_trajectory(i, runs[i][0], runs[i][1], env), env)
+        verdicts = judge(run_tasks, episodes, workers=workers)
+    finally:
+        for env in opened:
+            env.close()
+    trajectories = [ep.trajectory for ep in episodes]
+    return {outcome: score_all(run_tasks, verdicts, trajectories, RewardConfig(outcome=outcome), max_new_tokens=1)
+            for outcome in outcomes}
+
+
 def run_audit(tasks: list[Task], hacks: list[str] | None = None, outcomes: tuple[str, ...] = OUTCOMES,
               env_cfg: EnvConfig | None = None, workers: int = 8, not_audited: list[str] = ()) -> AuditResult:
     """Every hack in ``hacks`` (default: all registered) on every task; see the module docstring."""
@@ -175,26 +200,11 @@ def run_audit(tasks: list[Task], hacks: list[str] | None = None, outcomes: tuple
         reference = list(task.actions) if task.multi_turn else task.reference
         if reference:  # the positive control
             runs.append((task, CONTROL, reference))
-    cfg = env_cfg or EnvConfig()
-    played = [i for i, (t, _, _) in enumerate(runs) if t.multi_turn]
-    episodes: list[_Episode] = [_Episode(_trajectory(i, t, a)) for i, (t, _, a) in enumerate(runs)]
-    run_tasks = [t for t, _, _ in runs]
-    opened: list = []
-    try:
-        with ThreadPoolExecutor(max_workers=workers) as threads:
-            envs = threads.map(lambda i: _play(runs[i][0], runs[i][2], cfg, opened), played)
-            for i, env in zip(played, envs):
-                episodes[i] = _Episode(_trajectory(i, runs[i][0], runs[i][2], env), env)
-        verdicts = judge(run_tasks, episodes, workers=workers)
-    finally:
-        for env in opened:
-            env.close()
+    rewarded = reward_attempts([(t, a) for t, _, a in runs], outcomes, env_cfg, workers)
     domains = list(dict.fromkeys(t.domain for t in tasks))
     result = AuditResult(tuple(outcomes), domains, names, tasks=len(tasks), not_audited=list(not_audited))
     for outcome in outcomes:
-        scored = score_all(run_tasks, verdicts, [ep.trajectory for ep in episodes],
-                           RewardConfig(outcome=outcome), max_new_tokens=1)
-        for (task, name, attempt), s in zip(runs, scored):
+        for (task, name, attempt), s in zip(runs, rewarded[outcome]):
             if name == CONTROL:
                 if outcome == outcomes[0]:
                     paid = result.controls.setdefault(task.domain, [0, 0])
