@@ -127,7 +127,8 @@ def test_overriding_one_key_of_a_section_keeps_the_parents_defaults_for_the_rest
 
 
 @pytest.mark.parametrize("name, kind", [("quickstart.yaml", "quickstart"), ("agentic.yaml", "quickstart"),
-                                        ("grpo_math.yaml", "grpo")])
+                                        ("grpo_math.yaml", "grpo"), ("professional.yaml", "quickstart"),
+                                        ("professional_code.yaml", "quickstart"), ("professional_cad.yaml", "quickstart")])
 def test_shipped_recipes_parse(name, kind):
     """Every file in configs/ resolves into its config type (a typo in a recipe fails here, not
     an hour into a run)."""
