@@ -377,3 +377,40 @@ def test_bench_measures_both_sides_and_verifies_every_execution():
     assert r["sides"][0]["pool_ratio"] == 1.0 and len(r["sides"]) >= 2
     assert all(s["execs_per_s"] > 0 and s["p50_ms"] > 0 for s in r["sides"])
     assert "pool is" in format_report(r)
+
+
+PLANT = '''
+import os, py_compile, sys
+
+def plant():
+    """Compile victim.py saying X = 2 into the workspace's cache, then put back a source of the
+    same size and mtime saying X = 1: a cache that is read loads the planted X = 2."""
+    with open("victim.py", "w") as fh:
+        fh.write("X = 2\\n")
+    stat = os.stat("victim.py")
+    py_compile.compile("victim.py", cfile=os.path.join("__pycache__", f"victim.{sys.implementation.cache_tag}.pyc"))
+    with open("victim.py", "w") as fh:
+        fh.write("X = 1\\n")
+    os.utime("victim.py", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    sys.path.insert(0, os.getcwd())
+    import victim, csv
+    return [victim.X, victim.__cached__, csv.__cached__]
+'''
+
+
+def test_a_planted_pyc_is_never_loaded_while_installed_modules_read_their_caches(sb, tmp_path):
+    from rlvr.sandbox.worker import NO_PYCACHE
+
+    r = sb.run(Job.io(PLANT, "plant", [()]))
+    assert r.status == "ok", r
+    x, victim_cache, csv_cache = r.outputs[0]["ok"]
+    assert x == 1 and victim_cache.startswith(NO_PYCACHE)
+    # the standard library's own cache, the host's: reading it is what makes numpy cost 0.1 s, not 0.45
+    assert "/__pycache__/csv." in csv_cache and not csv_cache.startswith(NO_PYCACHE)
+    # the control: an ordinary interpreter loads the planted bytecode, so the check above can fail
+    import subprocess
+    import sys
+
+    (tmp_path / "plant.py").write_text(PLANT + "\nprint(plant()[0])\n")
+    control = subprocess.run([sys.executable, "plant.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert control.stdout.strip() == "2", control.stderr

@@ -35,7 +35,9 @@ F_SETPIPE_SZ = 1031
 REPORT_MAX = 16 << 20
 SETUP_FAILED = "rlvr.sandbox: setup failed"
 # Bytecode caches live nowhere (a path that cannot exist), so a candidate cannot plant a .pyc
-# that a later import (of the tests, say) would load instead of the checked source.
+# that a later import (of the tests, say) would load instead of the checked source. Only the
+# interpreter's and the environment's own modules read their installed caches
+# (``read_installed_bytecode``): the host wrote those, and no run can write there.
 NO_PYCACHE = "/dev/null/rlvr-no-pycache"
 # Imported once here so runs get them for free; kept lean, since every page of the worker is
 # page-table work in each fork.
@@ -239,6 +241,7 @@ class Worker:
                 self._exec(job, ws, use_bwrap)
             os.environ.update({"HOME": ws, "TMPDIR": ws, **job.get("env", {})})
             sys.pycache_prefix = NO_PYCACHE
+            read_installed_bytecode(ws)
             run_pid = os.getpid()
 
             def after_fork() -> None:  # in the tests job's two processes, after its split
@@ -336,6 +339,32 @@ class Worker:
                 result = {"status": "error", "error": f"worker: {type(e).__name__}: {e}",
                           "duration_s": 0.0}
             write_frame(self.resp, json.dumps(result).encode())
+
+
+def read_installed_bytecode(ws: str) -> None:
+    """Imports of modules under the worker's own import path (the standard library, the
+    environment's packages, rlvr: files the host wrote and no run can) read their
+    ``__pycache__`` again; every other source, the workspace's above all, keeps the cache path
+    ``NO_PYCACHE``, so it is compiled and never read from a cache. Without this a run importing
+    numpy compiled it from source (0.45 s a job). An entry holding the workspace, or inside it,
+    is left out (it would let a run's own files in)."""
+    import _frozen_importlib_external as bootstrap
+
+    ws = os.path.join(os.path.abspath(ws), "")
+    entries = {os.path.join(os.path.abspath(p), "") for p in sys.path if p and os.path.isabs(p)}
+    roots = tuple(p for p in entries if p != os.sep and not ws.startswith(p) and not p.startswith(ws))
+    compiled = bootstrap.cache_from_source
+
+    def cache_from_source(path, debug_override=None, *, optimization=None):
+        if not os.path.abspath(path).startswith(roots):
+            return compiled(path, debug_override, optimization=optimization)
+        sys.pycache_prefix = None
+        try:
+            return compiled(path, debug_override, optimization=optimization)
+        finally:
+            sys.pycache_prefix = NO_PYCACHE
+
+    bootstrap.cache_from_source = cache_from_source
 
 
 def harness_argv(fds: tuple[int, int, int] = (3, 4, 5)) -> list[str]:

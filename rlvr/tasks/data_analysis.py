@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import random
 
-from rlvr.tasks.base import DOMAINS, Domain, Problem, seeded_rng
+from rlvr.tasks.base import DOMAINS, MAX_DRAWS, Domain, Problem, seeded_rng
 from rlvr.tool_calls import format_call
 from rlvr.types import Spec
 
@@ -246,7 +246,20 @@ class DataAnalysisDomain(Domain):
 
     def sample(self, level: int, rng: random.Random) -> Problem:
         seed = rng.randrange(2**31)
-        q = question_for(level, rng)
+        return self.problem(level, seed, question_for(level, rng))
+
+    def draw(self, split: str, level: int, *rng_parts: object) -> Problem:
+        """``Domain.draw``, with each candidate's split read from its key before its dataset is
+        built: an eval draw rejects most candidates, and a dataset is up to 2,166 rows."""
+        for attempt in range(MAX_DRAWS):
+            rng = seeded_rng(*rng_parts, attempt)
+            seed = rng.randrange(2**31)
+            q = question_for(level, rng)
+            if self.in_split(Problem(key=problem_key(level, seed, q), prompt="", spec=Spec(NAME, {}), reference=""), split):
+                return self.problem(level, seed, q)
+        raise RuntimeError(f"{self.name}: no {split} problem at level {level} in {MAX_DRAWS} draws")
+
+    def problem(self, level: int, seed: int, q: dict) -> Problem:
         rows = rows_for(seed, level)
         gold = answer(q, rows)
         expert = expert_sql(q)
@@ -258,9 +271,12 @@ class DataAnalysisDomain(Domain):
                   f"(one SELECT per call, at most 20 rows shown). The data is messy: look before you aggregate."
                   f"\n{question_text(q)}")
         actions = (format_call("sql", {"query": expert}), render_answer(shown))
-        key = f"L{level}:{seed}:" + json.dumps(q, sort_keys=True)
-        return Problem(key=key, prompt=prompt, spec=Spec(kind=NAME, payload=payload),
+        return Problem(key=problem_key(level, seed, q), prompt=prompt, spec=Spec(kind=NAME, payload=payload),
                        reference=f"{actions[0]}\ntool: {tool_text(gold, q)}\n{actions[1]}", actions=actions)
+
+
+def problem_key(level: int, seed: int, q: dict) -> str:
+    return f"L{level}:{seed}:" + json.dumps(q, sort_keys=True)
 
 
 DOMAINS.register(NAME)(DataAnalysisDomain())
