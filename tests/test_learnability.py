@@ -100,6 +100,8 @@ def test_the_cli_prints_before_and_after_and_refuses_a_kind_without_arms(tmp_pat
     assert "no noise arms for spec kind" in capsys.readouterr().err
     assert main(["audit", "learnability", "--domains", "docs.tables", "--levels", "9"]) == 2
     assert "docs.tables has levels [1, 2, 3, 4, 5, 6]" in capsys.readouterr().err
+    assert main(["audit", "learnability", "--domains", "docs.tables", "--samples", "1"]) == 2
+    assert "--samples must be at least 2, got 1" in capsys.readouterr().err  # a group of one has no advantage
 
 
 def test_the_cli_exits_1_when_pass_at_1_does_not_rise(capsys):

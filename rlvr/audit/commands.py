@@ -93,9 +93,12 @@ def run_learnability_cmd(args: argparse.Namespace) -> None:
             arms_for(DOMAINS.get(name).generate("train", levels[0], 0, args.seed))
         except ValueError as e:
             raise UserError(f"{name}: {e}") from None
-    if not 0 < args.start < 1 or min(args.steps, args.tasks_per_step - 1, args.samples - 2, args.eval_tasks - 1) < 0:
-        raise UserError("--start must be in (0, 1); --steps >= 0, --tasks-per-step >= 1, --samples >= 2, "
-                        "--eval-tasks >= 1")
+    for flag, value, least in (("--steps", args.steps, 0), ("--tasks-per-step", args.tasks_per_step, 1),
+                               ("--samples", args.samples, 2), ("--eval-tasks", args.eval_tasks, 1)):
+        if value < least:
+            raise UserError(f"{flag} must be at least {least}, got {value}")
+    if not 0 < args.start < 1:
+        raise UserError(f"--start must be in (0, 1), got {args.start}")
     results, failed = [], []
     for name in _names(args.domains):
         r = run_learnability(LearnabilityConfig(
