@@ -113,3 +113,26 @@ def test_the_cli_exits_1_when_pass_at_1_does_not_rise(capsys):
               "--eval-tasks", "4", "--start", "0.999999"])
     assert exit.value.code == 1
     assert "docs.tables: held-out pass@1 did not rise" in capsys.readouterr().err
+
+
+def test_a_task_file_is_checked_with_every_fifth_row_held_out(tmp_path, capsys):
+    import json
+
+    from rlvr.audit.learnability import split_file_tasks
+    from rlvr.cli import main
+
+    rows = tmp_path / "sums.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"What is {a} + {a + 7}?", "answer": str(2 * a + 7)}) + "\n"
+                            for a in range(100, 130)))
+    out = tmp_path / "learn.json"
+    assert main(["audit", "learnability", "--tasks", str(rows), "--verifier", "number", "--steps", "6",
+                 "--tasks-per-step", "4", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())["domains"][0]
+    assert result["eval_tasks"] == 6 and result["arm_pass"]["reference"] == 1.0
+    assert result["pass_after"] > result["pass_before"]
+    assert main(["audit", "learnability", "--tasks", str(rows), "--verifier", "exact"]) == 2
+    assert "sums.jsonl: no noise arms for spec kind 'exact'" in capsys.readouterr().err
+    assert main(["audit", "learnability"]) == 2
+    assert "nothing to check" in capsys.readouterr().err
+    train, held_out = split_file_tasks(list(range(12)), 40)  # rows as they come: 0, 5, 10 held out
+    assert held_out == [0, 5, 10] and 5 not in train and len(train) == 9

@@ -46,7 +46,7 @@ def add_parser(sub, file_flags, file_entries) -> None:
                     "answers) starts mostly noisy and is trained with GRPO on the real verifier's rewards; "
                     "prints held-out pass@1 before and after and what each arm earns (docs/audit.md). Exit 1 "
                     "if pass@1 did not rise or an arm other than the reference always passes.")
-    le.add_argument("--domains", required=True, metavar="A,B",
+    le.add_argument("--domains", default="", metavar="A,B",
                     help="built-in domains whose spec kind has noise arms (number, svg, cad, data.analysis)")
     le.add_argument("--levels", default="1,2", metavar="1,2", help="levels to draw tasks from (default 1,2)")
     le.add_argument("--steps", type=int, default=15, help="GRPO steps (default 15)")
@@ -58,7 +58,12 @@ def add_parser(sub, file_flags, file_entries) -> None:
                     help="reward.outcome: binary, or score (partial credit)")
     le.add_argument("--seed", type=int, default=0)
     le.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    le.set_defaults(fn=run_learnability_cmd)
+    g = le.add_argument_group("your tasks")
+    g.add_argument("--tasks", action="append", default=[], metavar="FILE",
+                   help="task file (repeatable): every fifth row held out (at most --eval-tasks), the rest "
+                        "trained on; rows whose reference fails their own criteria are left out")
+    file_flags(g)
+    le.set_defaults(fn=run_learnability_cmd, file_entries=file_entries)
     lg = actions.add_parser(
         "log", help="verify an operation log's hash chain and summarise it; exit 1 if the chain is broken",
         description="Check <run>/operations.jsonl (rlvr.oplog): every record follows the one before by hash, so "
@@ -99,11 +104,20 @@ def run_learnability_cmd(args: argparse.Namespace) -> None:
             raise UserError(f"{flag} must be at least {least}, got {value}")
     if not 0 < args.start < 1:
         raise UserError(f"--start must be in (0, 1), got {args.start}")
+    if not _names(args.domains) and not args.tasks:
+        raise UserError("nothing to check: give --domains, --tasks FILE, or both")
+
+    def config(name: str) -> LearnabilityConfig:
+        return LearnabilityConfig(name, levels=levels, steps=args.steps, tasks_per_step=args.tasks_per_step,
+                                  samples_per_task=args.samples, start=args.start, outcome=args.outcome,
+                                  eval_tasks=args.eval_tasks, seed=args.seed)
+
+    runs = [(name, lambda name=name: run_learnability(config(name))) for name in _names(args.domains)]
+    for path, entry in zip(args.tasks, args.file_entries(args.tasks, args)):
+        runs.append((path, lambda path=path, entry=entry: _learn_file(path, entry, config(path))))
     results, failed = [], []
-    for name in _names(args.domains):
-        r = run_learnability(LearnabilityConfig(
-            name, levels=levels, steps=args.steps, tasks_per_step=args.tasks_per_step, samples_per_task=args.samples,
-            start=args.start, outcome=args.outcome, eval_tasks=args.eval_tasks, seed=args.seed))
+    for name, run in runs:
+        r = run()
         print(summary(r))
         results.append(to_dict(r))
         always = [a for a in r.arms[1:] if r.arm_pass[a] == 1.0]
@@ -120,6 +134,45 @@ def run_learnability_cmd(args: argparse.Namespace) -> None:
         print(f"rlvr: audit learnability: {line}", file=sys.stderr)
     if failed:
         raise SystemExit(1)
+
+
+def _learn_file(path: str, entry: dict, cfg):
+    """``learn`` on one task file's rows: every fifth held out, the rest drawn in turn."""
+    from rlvr.audit.learnability import arms_for, learn, split_file_tasks
+    from rlvr.config import from_dict
+    from rlvr.tasks.rows import TaskFileConfig
+    from rlvr.tasks.sets import file_tasks
+
+    tasks = [_with_reference(t) for t in file_tasks([from_dict(TaskFileConfig, entry)])]
+    if any(t.reference is None and not t.multi_turn for t in tasks):
+        raise UserError(f"{path}: a row has no reference and its verifier no gold answer to add noise to")
+    kinds = sorted({t.spec.kind for t in tasks})
+    if len(kinds) > 1:
+        raise UserError(f"{path}: rows of several verifiers ({', '.join(kinds)}); check one at a time (--split, --verifier)")
+    try:
+        train, held_out = split_file_tasks(tasks, cfg.eval_tasks)
+        for t in tasks:
+            arms_for(t)
+    except ValueError as e:
+        raise UserError(f"{path}: {e}") from None
+
+    def draw(step: int) -> list:
+        start = step * cfg.tasks_per_step
+        return [train[(start + i) % len(train)] for i in range(cfg.tasks_per_step)]
+
+    return learn(cfg, held_out, draw)
+
+
+def _with_reference(task):
+    """A file task with the verifier's gold completion as its reference where it has none."""
+    import dataclasses
+
+    from rlvr.verifiers.base import VERIFIERS
+
+    if task.reference is not None or task.multi_turn:
+        return task
+    gold = getattr(VERIFIERS.get(task.spec.kind), "gold_completion", None)
+    return dataclasses.replace(task, reference=gold(task.spec.payload)) if callable(gold) else task
 
 
 def run_log(args: argparse.Namespace) -> None:

@@ -225,11 +225,32 @@ def _tasks(domain: str, split: str, levels: tuple[int, ...], n: int, seed: int, 
 
 
 def run_learnability(cfg: LearnabilityConfig) -> LearnabilityResult:
-    """GRPO on the noise arms of ``cfg.domain``; see the module docstring."""
-    rng = random.Random(cfg.seed)
+    """GRPO on the noise arms of the built-in domain ``cfg.domain``: held-out tasks from its eval
+    split, training tasks from its train split; see the module docstring."""
     held_out = _tasks(cfg.domain, "eval", cfg.levels, cfg.eval_tasks, cfg.seed)
+    return learn(cfg, held_out, lambda step: _tasks(cfg.domain, "train", cfg.levels, cfg.tasks_per_step, cfg.seed,
+                                                    offset=step * cfg.tasks_per_step))
+
+
+def split_file_tasks(tasks: list[Task], eval_tasks: int) -> tuple[list[Task], list[Task]]:
+    """A task file's rows as (training pool, held-out): every fifth row held out, at most
+    ``eval_tasks`` of them; the rest train."""
+    if len(tasks) < 2:
+        raise ValueError(f"need at least 2 tasks to hold some out, got {len(tasks)}")
+    held_out = tasks[::5][:eval_tasks]
+    chosen = {id(t) for t in held_out}
+    return [t for t in tasks if id(t) not in chosen], held_out
+
+
+def learn(cfg: LearnabilityConfig, held_out: list[Task], draw: Callable[[int], list[Task]]) -> LearnabilityResult:
+    """GRPO on the noise arms: ``draw(step)`` gives each step's training tasks, ``held_out`` the
+    tasks pass@1 is measured on (exactly: every arm judged once on each)."""
+    rng = random.Random(cfg.seed)
     names = [name for name, _ in arms_for(held_out[0])]
     k = len(names)
+    for t in held_out:
+        if [name for name, _ in arms_for(t)] != names:
+            raise ValueError(f"task {t.id} has spec kind {t.spec.kind!r}; the held-out tasks mix kinds")
     runs = [(t, arm(t, rng)) for t in held_out for _, arm in arms_for(t)]
     judged = reward_attempts(runs, ("binary",), workers=cfg.workers)["binary"]
     passed = torch.tensor([float(s.verdict.passed) for s in judged]).view(len(held_out), k)
@@ -246,7 +267,7 @@ def run_learnability(cfg: LearnabilityConfig) -> LearnabilityResult:
     gen = torch.Generator().manual_seed(cfg.seed)
     curve = []
     for step in range(cfg.steps):
-        tasks = _tasks(cfg.domain, "train", cfg.levels, cfg.tasks_per_step, cfg.seed, offset=step * cfg.tasks_per_step)
+        tasks = draw(step)
         with torch.no_grad():
             choice = torch.multinomial(torch.softmax(logits, 0), cfg.samples_per_task * len(tasks), replacement=True,
                                        generator=gen)
