@@ -112,12 +112,11 @@ def run_learnability_cmd(args: argparse.Namespace) -> None:
                                   samples_per_task=args.samples, start=args.start, outcome=args.outcome,
                                   eval_tasks=args.eval_tasks, seed=args.seed)
 
-    runs = [(name, lambda name=name: run_learnability(config(name))) for name in _names(args.domains)]
-    for path, entry in zip(args.tasks, args.file_entries(args.tasks, args)):
-        runs.append((path, lambda path=path, entry=entry: _learn_file(path, entry, config(path))))
+    targets = [(name, None) for name in _names(args.domains)]
+    targets += list(zip(args.tasks, args.file_entries(args.tasks, args)))
     results, failed = [], []
-    for name, run in runs:
-        r = run()
+    for name, entry in targets:  # a built-in domain (no entry) or a task file
+        r = run_learnability(config(name)) if entry is None else _learn_file(name, entry, config(name))
         print(summary(r))
         results.append(to_dict(r))
         always = [a for a in r.arms[1:] if r.arm_pass[a] == 1.0]
@@ -137,42 +136,16 @@ def run_learnability_cmd(args: argparse.Namespace) -> None:
 
 
 def _learn_file(path: str, entry: dict, cfg):
-    """``learn`` on one task file's rows: every fifth held out, the rest drawn in turn."""
-    from rlvr.audit.learnability import arms_for, learn, split_file_tasks
+    """``learn_tasks`` on one task file's rows (a row failing its own criteria left out)."""
+    from rlvr.audit.learnability import learn_tasks
     from rlvr.config import from_dict
     from rlvr.tasks.rows import TaskFileConfig
     from rlvr.tasks.sets import file_tasks
 
-    tasks = [_with_reference(t) for t in file_tasks([from_dict(TaskFileConfig, entry)])]
-    if any(t.reference is None and not t.multi_turn for t in tasks):
-        raise UserError(f"{path}: a row has no reference and its verifier no gold answer to add noise to")
-    kinds = sorted({t.spec.kind for t in tasks})
-    if len(kinds) > 1:
-        raise UserError(f"{path}: rows of several verifiers ({', '.join(kinds)}); check one at a time (--split, --verifier)")
     try:
-        train, held_out = split_file_tasks(tasks, cfg.eval_tasks)
-        for t in tasks:
-            arms_for(t)
+        return learn_tasks(cfg, file_tasks([from_dict(TaskFileConfig, entry)]))
     except ValueError as e:
         raise UserError(f"{path}: {e}") from None
-
-    def draw(step: int) -> list:
-        start = step * cfg.tasks_per_step
-        return [train[(start + i) % len(train)] for i in range(cfg.tasks_per_step)]
-
-    return learn(cfg, held_out, draw)
-
-
-def _with_reference(task):
-    """A file task with the verifier's gold completion as its reference where it has none."""
-    import dataclasses
-
-    from rlvr.verifiers.base import VERIFIERS
-
-    if task.reference is not None or task.multi_turn:
-        return task
-    gold = getattr(VERIFIERS.get(task.spec.kind), "gold_completion", None)
-    return dataclasses.replace(task, reference=gold(task.spec.payload)) if callable(gold) else task
 
 
 def run_log(args: argparse.Namespace) -> None:

@@ -17,12 +17,16 @@ logits with the trainer's own pieces: group-relative ``grpo`` advantages and the
 loss on the chosen arms' log-probabilities. Held-out pass@1 is exact for this policy: every arm
 is judged once on every held-out task, and pass@1 = mean over tasks of sum_a pi(a) * passed(a).
 
+``run_learnability`` checks a built-in domain (its eval split held out); ``learn_tasks`` a list of
+tasks such as a user's task file (every fifth held out).
+
 It shows that the reward carries a signal GRPO climbs on held-out tasks (and which arms it pays);
 it does not show that a neural model can learn the skill (docs/benchmarks.md says which can).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -38,6 +42,7 @@ from rlvr.audit.hacks import Attempt
 from rlvr.audit.rewards import reward_attempts
 from rlvr.tasks.base import DOMAINS
 from rlvr.types import Task
+from rlvr.verifiers.base import VERIFIERS
 
 Arm = Callable[[Task, random.Random], Attempt]
 
@@ -133,8 +138,8 @@ def _program_jitter(sigma: int) -> Arm:
 
 
 def _cad_arms() -> list[tuple[str, Arm]]:
-    return [("reference", lambda t, rng: t.reference), ("jitter_1", _program_jitter(1)), ("jitter_2", _program_jitter(2)),
-            ("jitter_4", _program_jitter(4)), ("jitter_8", _program_jitter(8))]
+    return [("reference", lambda t, rng: t.reference), ("jitter_1", _program_jitter(1)),
+            ("jitter_2", _program_jitter(2)), ("jitter_4", _program_jitter(4)), ("jitter_8", _program_jitter(8))]
 
 
 def _sql(query: str) -> str:
@@ -156,7 +161,8 @@ def _data_arms() -> list[tuple[str, Arm]]:
     return [
         ("reference", lambda t, rng: list(t.actions)),
         ("answer_only", lambda t, rng: [t.actions[-1]]),  # the right deliverable, never looked up
-        ("constant_query", lambda t, rng: [_sql(_constant_query(t.spec.payload["answer"])), t.actions[-1]]),  # laundered
+        # laundered: the deliverable selected as constants
+        ("constant_query", lambda t, rng: [_sql(_constant_query(t.spec.payload["answer"])), t.actions[-1]]),
         ("off_1pct", off(0.01)),
         ("off_10pct", off(0.10)),
     ]
@@ -232,6 +238,33 @@ def run_learnability(cfg: LearnabilityConfig) -> LearnabilityResult:
                                                     offset=step * cfg.tasks_per_step))
 
 
+def learn_tasks(cfg: LearnabilityConfig, tasks: list[Task]) -> LearnabilityResult:
+    """``learn`` on a list of tasks of one spec kind (a task file's rows): every fifth held out
+    (``split_file_tasks``), the rest drawn in turn; a task without a reference gets its verifier's
+    gold completion. Raises ValueError for what cannot be checked (say which)."""
+    tasks = [_with_reference(t) for t in tasks]
+    if any(t.reference is None and not t.multi_turn for t in tasks):
+        raise ValueError("a row has no reference and its verifier no gold answer to add noise to")
+    kinds = sorted({t.spec.kind for t in tasks})
+    if len(kinds) > 1:
+        raise ValueError(f"rows of several verifiers ({', '.join(kinds)}); check one at a time (--split, --verifier)")
+    train, held_out = split_file_tasks(tasks, cfg.eval_tasks)
+    arms_for(held_out[0])
+
+    def draw(step: int) -> list[Task]:
+        start = step * cfg.tasks_per_step
+        return [train[(start + i) % len(train)] for i in range(cfg.tasks_per_step)]
+
+    return learn(cfg, held_out, draw)
+
+
+def _with_reference(task: Task) -> Task:
+    if task.reference is not None or task.multi_turn:
+        return task
+    gold = getattr(VERIFIERS.get(task.spec.kind), "gold_completion", None)
+    return dataclasses.replace(task, reference=gold(task.spec.payload)) if callable(gold) else task
+
+
 def split_file_tasks(tasks: list[Task], eval_tasks: int) -> tuple[list[Task], list[Task]]:
     """A task file's rows as (training pool, held-out): every fifth row held out, at most
     ``eval_tasks`` of them; the rest train."""
@@ -273,7 +306,8 @@ def learn(cfg: LearnabilityConfig, held_out: list[Task], draw: Callable[[int], l
                                        generator=gen)
         batch = [(t, arms_for(t)[int(a)][1](t, rng)) for i, t in enumerate(tasks)
                  for a in choice[i * cfg.samples_per_task:(i + 1) * cfg.samples_per_task]]
-        rewards = torch.tensor([s.reward for s in reward_attempts(batch, (cfg.outcome,), workers=cfg.workers)[cfg.outcome]])
+        scored = reward_attempts(batch, (cfg.outcome,), workers=cfg.workers)[cfg.outcome]
+        rewards = torch.tensor([s.reward for s in scored])
         verifications += len(batch)
         groups = torch.arange(len(tasks)).repeat_interleave(cfg.samples_per_task)
         logprobs = torch.log_softmax(logits, 0)[choice].unsqueeze(1)
