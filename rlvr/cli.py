@@ -533,6 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rlvr.envs.commands import add_parser as add_envs_parser
 
     add_envs_parser(sub)  # rlvr envs list|show
+    from rlvr.flywheel.commands import add_parser as add_flywheel_parser
+
+    add_flywheel_parser(sub)  # rlvr flywheel harvest|cycle|rollback
     p = sub.add_parser("sandbox", help="sandbox self-test (attack suite), benchmark, or info")
     p.add_argument("action", choices=["check", "bench", "info"])
     p.add_argument("--allow-weak", action="store_true", help="check: run even on the weak backend")

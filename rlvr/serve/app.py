@@ -1,10 +1,14 @@
 """The FastAPI app of ``rlvr serve``: routes, auth, errors, and loading the engine.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (``rlvr/serve/handlers.py``),
-``GET /v1/models``, ``GET /health`` (200 once the engine is up, 503 while it loads or after a
-failed load), ``GET /metrics`` (Prometheus text, ``rlvr/serve/metrics.py``) and the rlvr
-extension ``POST /v1/weights`` (``{"path": DIR}``, ``Authorization: Bearer <admin token>``:
-401 without the header, 403 with a wrong token or when no admin token is set).
+``GET /v1/models`` (each model's ``root``: the weights directory served now, as vLLM reports
+it), ``GET /health`` (200 once the engine is up, 503 while it loads or after a failed load),
+``GET /metrics`` (Prometheus text, ``rlvr/serve/metrics.py``) and two rlvr extensions:
+``POST /v1/weights`` (``{"path": DIR}``, ``Authorization: Bearer <admin token>``: 401 without
+the header, 403 with a wrong token or when no admin token is set) and ``POST /v1/feedback``
+(a judgement of a captured response, ``rlvr.serve.protocol.FeedbackRequest``; the feedback
+token, else the admin token, checked the same way; 404 without ``--capture`` or for an id the
+capture does not hold).
 
 The engine loads on a background thread when the app starts (``load`` returns ``(engine,
 tokenizer)``), so ``/health`` answers 503 meanwhile; a load that fails calls ``on_load_error``.
@@ -35,15 +39,20 @@ from rlvr.serve.errors import (
 from rlvr.serve.handlers import Call, chat_completion, completion
 from rlvr import oplog
 from rlvr.serve.metrics import ServeMetrics
-from rlvr.serve.protocol import ChatCompletionRequest, CompletionRequest, WeightsRequest
+from rlvr.serve.capture import utc_now
+from rlvr.serve.protocol import ChatCompletionRequest, CompletionRequest, FeedbackRequest, WeightsRequest
 
 
 class _Server:
     """What the routes share: the engine once loaded, and the settings."""
 
-    def __init__(self, model_name: str, api_key: str, admin_token: str, content_filter=None):
+    def __init__(self, model_name: str, api_key: str, admin_token: str, content_filter=None, capture=None,
+                 feedback_token: str = "", root: str = ""):
         self.model_name, self.api_key, self.admin_token = model_name, api_key, admin_token
-        self.content_filter = content_filter
+        self.content_filter, self.capture = content_filter, capture
+        self.feedback_token = feedback_token or admin_token
+        self.root = root
+        """The weights directory served now (the model's, then each /v1/weights path)."""
         self.engine = None
         self.tokenizer = None
         self.load_error: str | None = None
@@ -58,10 +67,12 @@ def _bearer(request: Request) -> str | None:
 
 def create_app(load: Callable[[], tuple[object, object]], *, model_name: str, api_key: str = "",
                admin_token: str = "", on_load_error: Callable[[BaseException], None] | None = None,
-               content_filter=None) -> FastAPI:
+               content_filter=None, capture=None, feedback_token: str = "", root: str = "") -> FastAPI:
     """The app; ``load()`` (run on a thread at startup) builds the engine and the tokenizer.
-    ``content_filter``: an ``rlvr.content_filter.ContentFilter`` every completion goes through."""
-    s = _Server(model_name, api_key, admin_token, content_filter)
+    ``content_filter``: an ``rlvr.content_filter.ContentFilter`` every completion goes through;
+    ``capture``: an ``rlvr.serve.capture.TrafficLog`` every completed request is appended to;
+    ``root``: the weights directory being served."""
+    s = _Server(model_name, api_key, admin_token, content_filter, capture, feedback_token, root)
 
     def _load() -> None:
         started = time.monotonic()
@@ -80,6 +91,8 @@ def create_app(load: Callable[[], tuple[object, object]], *, model_name: str, ap
         yield
         if s.engine is not None:
             await run_in_threadpool(s.engine.close)
+        if s.capture is not None:
+            s.capture.close()
 
     app = FastAPI(title="rlvr serve", lifespan=lifespan)
     app.state.server = s
@@ -123,7 +136,8 @@ def _openai_routes(app: FastAPI, s: _Server) -> None:
         return engine
 
     def call(request: Request, endpoint: str) -> Call:
-        return Call(s.engine, s.tokenizer, s.model_name, s.metrics, request, endpoint, content=s.content_filter)
+        return Call(s.engine, s.tokenizer, s.model_name, s.metrics, request, endpoint, content=s.content_filter,
+                    capture=s.capture)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
@@ -141,7 +155,7 @@ def _openai_routes(app: FastAPI, s: _Server) -> None:
     async def models(request: Request):
         engine = ready_engine(request)
         return {"object": "list", "data": [{"id": s.model_name, "object": "model", "created": s.created,
-                                            "owned_by": "rlvr", "version": engine.version,
+                                            "owned_by": "rlvr", "version": engine.version, "root": s.root,
                                             "max_model_len": engine.max_context}]}
 
 
@@ -160,13 +174,7 @@ def _operations_routes(app: FastAPI, s: _Server) -> None:
 
     @app.post("/v1/weights")
     async def weights(body: WeightsRequest, request: Request):
-        token = _bearer(request)
-        if token is None:
-            raise ApiError(401, "weight updates need Authorization: Bearer <admin token>", type="authentication_error",
-                           code="missing_token")
-        if not s.admin_token or not hmac.compare_digest(token.encode(), s.admin_token.encode()):
-            raise ApiError(403, "wrong admin token" if s.admin_token else "weight updates are off (no --admin-token)",
-                           type="permission_error", code="forbidden")
+        _authorise(request, s.admin_token, "weight updates", "admin token", "--admin-token")
         engine = _loaded(s)
         try:
             version = await asyncio.to_thread(engine.load_weights, body.path)
@@ -174,7 +182,34 @@ def _operations_routes(app: FastAPI, s: _Server) -> None:
             oplog.write("weights_update", path=body.path, outcome="error", error=str(e)[:300])
             raise ApiError(400, str(e), param="path") from None
         oplog.write("weights_update", path=body.path, outcome="ok", version=version)
+        s.root = body.path
         return {"version": version, "path": body.path}
+
+    @app.post("/v1/feedback")
+    async def feedback(body: FeedbackRequest, request: Request):
+        _authorise(request, s.feedback_token, "feedback requests", "feedback token", "--feedback-token or --admin-token")
+        if s.capture is None:
+            raise ApiError(404, "feedback is recorded with the traffic: start the server with --capture DIR",
+                           code="capture_off")
+        if body.id not in s.capture.known:
+            raise ApiError(404, f"no captured response has id {body.id!r}", param="id", code="unknown_response")
+        if body.rating is None and body.correction is None and body.label is None:
+            raise ApiError(400, "feedback needs a rating (up|down), a correction or a label", param="rating")
+        s.capture.append({"type": "feedback", "id": body.id, "time": utc_now(), "choice": body.choice,
+                          "rating": body.rating, "correction": s.capture.text(body.correction),
+                          "label": body.label, "reason": s.capture.text(body.reason)})
+        return {"id": body.id, "recorded": True}
+
+
+def _authorise(request: Request, token: str, what: str, name: str, flag: str) -> None:
+    """401 without a bearer token, 403 with a wrong one or when ``token`` is unset."""
+    got = _bearer(request)
+    if got is None:
+        raise ApiError(401, f"{what} need Authorization: Bearer <{name}>", type="authentication_error",
+                       code="missing_token")
+    if not token or not hmac.compare_digest(got.encode(), token.encode()):
+        raise ApiError(403, f"wrong {name}" if token else f"{what} are off (no {flag})",
+                       type="permission_error", code="forbidden")
 
 
 def _loaded(s: _Server):

@@ -70,8 +70,15 @@ def serve(cfg: ServeConfig) -> None:
             server.should_exit = True
 
     name = cfg.model_name or Path(cfg.model).resolve().name
+    content_filter = ContentFilter.parse(cfg.filter)
+    capture = None
+    if cfg.capture:
+        from rlvr.serve.capture import TrafficLog
+
+        capture = TrafficLog(cfg.capture, rotate_bytes=cfg.capture_rotate_mb << 20, content_filter=content_filter)
     app = create_app(lambda: load_engine(cfg), model_name=name, api_key=cfg.api_key, admin_token=cfg.admin_token,
-                     on_load_error=on_load_error, content_filter=ContentFilter.parse(cfg.filter))
+                     on_load_error=on_load_error, content_filter=content_filter, capture=capture,
+                     feedback_token=cfg.feedback_token, root=str(Path(cfg.model).resolve()))
     server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning"))
     print(f"rlvr serve: {name} on http://{cfg.host}:{cfg.port} (batching {cfg.batching})", flush=True)
     if cfg.op_log:

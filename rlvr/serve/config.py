@@ -66,6 +66,13 @@ class ServeConfig:
     filter: str = ""
     """Content rules every completion goes through (rlvr/content_filter.py): RULE[=redact|block],...
     or all; finish_reason content_filter where one acted; empty: none."""
+    capture: str = ""
+    """Traffic capture (off when empty): append every completed request and response to JSONL files in
+    this directory, and accept POST /v1/feedback on them (rlvr/serve/capture.py, docs/flywheel.md)."""
+    capture_rotate_mb: int = 64
+    """--capture: start a new file once one holds this many MiB (or after an hour)."""
+    feedback_token: str = ""
+    """Bearer token of POST /v1/feedback (default: env RLVR_FEEDBACK_TOKEN, else the admin token)."""
 
     def __post_init__(self) -> None:
         check_choice("--device", self.device, ["auto", "cpu", "cuda"])
@@ -85,6 +92,9 @@ class ServeConfig:
         ContentFilter.parse(self.filter)  # a bad rule or action: one line now, not at the first request
         self.admin_token = self.admin_token or os.environ.get("RLVR_ADMIN_TOKEN", "")
         self.api_key = self.api_key or os.environ.get("RLVR_API_KEY", "")
+        self.feedback_token = self.feedback_token or os.environ.get("RLVR_FEEDBACK_TOKEN", "")
+        if self.capture_rotate_mb < 1:
+            raise ConfigError(f"--capture-rotate-mb must be >= 1, got {self.capture_rotate_mb}")
         if not self.api_key and not is_loopback(self.host):
             raise ConfigError(f"--host {self.host} is reachable from other machines; pass --api-key KEY (or set "
                               "RLVR_API_KEY) so that only clients with the key can generate")

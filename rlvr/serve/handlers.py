@@ -21,6 +21,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from rlvr.serve.chat import TOOL_MARKERS, BadField, encode_chat, parse_reply
+from rlvr.serve.capture import utc_now as capture_time
 from rlvr.serve.errors import ApiError
 from rlvr.serve.protocol import ChatCompletionRequest, CompletionRequest
 from rlvr.serve.text import TextStream
@@ -77,6 +78,8 @@ class Call:
     first_token: float | None = None
     content: object = None
     """``rlvr.content_filter.ContentFilter`` of ``--filter``, or None."""
+    capture: object = None
+    """``rlvr.serve.capture.TrafficLog`` of ``--capture``, or None."""
 
     def refuse_token_output(self, **asked: bool) -> None:
         """With a content filter, token-level output (log-probs, token ids, an echo) would show
@@ -201,6 +204,44 @@ def _count(call: Call, prompt_tokens: int, choices: list[Choice]) -> None:
     call.metrics.completion_tokens.inc(sum(len(c.token_ids) for c in choices))
 
 
+def _capture(call: Call, body, rid: str, request: dict, prompt_ids: list[int], choices: list[Choice],
+             finishes: list[str | None] | None = None) -> None:
+    """Append the completed request to the traffic log (``--capture``), before its response ends."""
+    log = call.capture
+    if log is None:
+        return
+    versions = sorted({v for c in choices for v in c.versions})
+    log.append({
+        "type": "response", "id": rid, "time": capture_time(), "endpoint": call.endpoint, "model": call.model_name,
+        "model_version": versions[-1] if versions else call.engine.version, "request": request,
+        "params": {"temperature": body.temperature, "top_p": body.top_p, "max_tokens": body.max_tokens,
+                   "seed": body.seed, "n": body.n, "stop": body.stop_strings() or None, "stream": body.stream},
+        "prompt_token_ids": log.ids(prompt_ids),
+        "choices": [{"index": c.index, "text": log.text(c.text.text()), "token_ids": log.ids(c.token_ids),
+                     "finish_reason": finishes[k] if finishes else c.finish} for k, c in enumerate(choices)],
+        "usage": _usage(len(prompt_ids), choices), "latency_s": round(time.monotonic() - call.started, 4),
+        "redacted": log.redacting,
+    })
+
+
+def _chat_request(call: Call, body: ChatCompletionRequest) -> dict:
+    messages = []
+    for m in body.messages:
+        stored = m.model_dump(exclude_none=True)
+        stored["content"] = call.capture.text(m.text())
+        messages.append(stored)
+    return {"messages": messages, **({"tools": [t.model_dump() for t in body.tools]} if body.tools else {})}
+
+
+def _completion_request(call: Call, body: CompletionRequest) -> dict:
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        return {"prompt": call.capture.text(prompt)}
+    if prompt and all(isinstance(p, str) for p in prompt):
+        return {"prompt": [call.capture.text(p) for p in prompt]}
+    return {"prompt": None if call.capture.redacting else prompt}  # token ids
+
+
 def _token_text(tokenizer, token_id: int) -> str:
     return tokenizer.decode([token_id], skip_special_tokens=False)
 
@@ -240,6 +281,9 @@ async def chat_completion(call: Call, body: ChatCompletionRequest):
     out = {**head, "object": "chat.completion", "system_fingerprint": _fingerprint(choices),
            "choices": [_chat_choice(call, body, c, bool(tools)) for c in choices],
            "usage": _usage(len(prompt), choices)}
+    if call.capture is not None:
+        _capture(call, body, rid, _chat_request(call, body), prompt, choices,
+                 [c["finish_reason"] for c in out["choices"]])
     if body.return_token_ids:
         out["prompt_token_ids"] = prompt
     return out
@@ -279,6 +323,7 @@ async def _chat_chunks(call: Call, body: ChatCompletionRequest, choices: list[Ch
         choice = {"index": c.index, "delta": delta, "finish_reason": finish, "logprobs": logprobs, **extra}
         return _sse({**base, "system_fingerprint": _fingerprint([c]), "choices": [choice]})
 
+    finishes: list[str | None] = [None] * len(choices)
     for c in choices:
         yield chunk(c, {"role": "assistant", "content": ""})
     async for c, ev in _events(call, choices):
@@ -299,8 +344,11 @@ async def _chat_chunks(call: Call, body: ChatCompletionRequest, choices: list[Ch
         final: dict = {"content": delta} if delta else {}
         if reply and reply.tool_calls:
             final["tool_calls"] = [{"index": k, **tc} for k, tc in enumerate(reply.tool_calls)]
-        yield chunk(c, final, _chat_finish(c, reply.tool_calls if reply else []), lps, **ids, **c.filtered())
+        finishes[c.index] = _chat_finish(c, reply.tool_calls if reply else [])
+        yield chunk(c, final, finishes[c.index], lps, **ids, **c.filtered())
     _count(call, len(choices[0].prompt_ids), choices)
+    if call.capture is not None:
+        _capture(call, body, head["id"], _chat_request(call, body), choices[0].prompt_ids, choices, finishes)
     if body.stream_options and body.stream_options.include_usage:
         yield _sse({**base, "choices": [], "usage": _usage(len(choices[0].prompt_ids), choices)})
     if body.return_token_ids:
@@ -337,6 +385,8 @@ async def completion(call: Call, body: CompletionRequest):
         return _stream(_completion_chunks(call, body, choices, head, n_prompt))
     await _collect(call, choices)
     _count(call, n_prompt, choices)
+    if call.capture is not None:
+        _capture(call, body, head["id"], _completion_request(call, body), prompts[0], choices)
     return {**head, "object": "text_completion", "system_fingerprint": _fingerprint(choices),
             "choices": [_completion_choice(call, body, c) for c in choices], "usage": _usage(n_prompt, choices)}
 
@@ -387,6 +437,8 @@ async def _completion_chunks(call: Call, body: CompletionRequest, choices: list[
                 choice["prompt_token_ids"] = c.prompt_ids
         yield _sse({**base, "choices": [choice]})
     _count(call, n_prompt, choices)
+    if call.capture is not None:
+        _capture(call, body, head["id"], _completion_request(call, body), choices[0].prompt_ids, choices)
     if body.stream_options and body.stream_options.include_usage:
         yield _sse({**base, "choices": [], "usage": _usage(n_prompt, choices)})
     yield _sse("[DONE]")

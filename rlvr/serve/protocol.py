@@ -129,3 +129,17 @@ class CompletionRequest(_Sampling):
 class WeightsRequest(_Body):
     path: str = Field(min_length=1)
     """A Hugging Face model directory of the served architecture (e.g. a training checkpoint's)."""
+
+
+class FeedbackRequest(_Body):
+    """``POST /v1/feedback``: a judgement of a captured response (at least one of rating,
+    correction and label)."""
+
+    id: str = Field(min_length=1)
+    """The response's ``id`` (``chatcmpl-...`` / ``cmpl-...``)."""
+    choice: int = Field(0, ge=0)
+    rating: Literal["up", "down"] | None = None
+    correction: str | None = Field(None, min_length=1)
+    """The answer the response should have given."""
+    label: str | None = Field(None, min_length=1, max_length=200)
+    reason: str | None = Field(None, max_length=4000)
