@@ -10,7 +10,8 @@ answer read at the criteria's ``answer_at``; the response kept as the reference)
 the request's messages as served. Then, in this order, a candidate is dropped when:
 
 - ``completions`` / ``tool_conversation``: it came from ``/v1/completions`` (raw text, not a
-  chat), or its messages hold tool calls or tool results;
+  chat), or its request offered tools or its messages hold tool calls or results (the task's
+  prompt would not be what the model saw);
 - ``no_reference`` / ``rejected_without_correction`` / ``approved_without_answer`` /
   ``checker_error``: no reference could be had;
 - ``unverifiable``: ``rlvr tasks validate`` finds a problem in its row (a reference that fails
@@ -125,7 +126,8 @@ def candidate_row(rid: str, record: dict, feedback: dict | None, criteria: Crite
     if record.get("endpoint") != "chat":
         return Dropped(rid, "completions", "raw-text prompts of /v1/completions are not chat tasks")
     messages = (record.get("request") or {}).get("messages") or []
-    if any(m.get("role") == "tool" or m.get("tool_calls") for m in messages):
+    if (record.get("request") or {}).get("tools") or any(m.get("role") == "tool" or m.get("tool_calls")
+                                                         for m in messages):
         return Dropped(rid, "tool_conversation")
     prompt = [{"role": "system" if m["role"] == "developer" else m["role"], "content": m.get("content") or ""}
               for m in messages]
@@ -180,9 +182,10 @@ def harvest(cfg: HarvestConfig, criteria: Criteria | None = None) -> dict:
     stats = ReadStats()
     responses: dict[str, dict] = {}
     feedback: dict[str, dict] = {}
-    for _, record in read_traffic(cfg.traffic, stats):
-        if record["type"] == "response":
-            responses.setdefault(record["id"], record)
+    wheres: dict[str, str] = {}
+    for where, record in read_traffic(cfg.traffic, stats):
+        if record["type"] == "response" and record["id"] not in responses:
+            responses[record["id"]], wheres[record["id"]] = record, where
         elif record["type"] == "feedback":
             feedback[record["id"]] = record  # the latest judgement wins
 
@@ -229,7 +232,8 @@ def harvest(cfg: HarvestConfig, criteria: Criteria | None = None) -> dict:
             continue
         kept_index.add(task.id, text)
         record = responses[rid]
-        meta = {**task.meta, "source": "traffic", "response_id": rid, "reference_from": row["source"],
+        meta = {**task.meta, "source": "traffic", "where": wheres[rid], "response_id": rid,
+                "reference_from": row["source"],
                 "model_version": record.get("model_version"), "captured": record.get("time")}
         task = Task(**{**task.__dict__, "meta": meta})
         (heldout if held_out_side(task, cfg.held_out) else train).append(task)
