@@ -18,7 +18,9 @@ the next side starts, so no two servers share the CPU:
 - ``fast_draft``: ``--fast --draft DIR`` (speculative decoding in waves, ``--spec-tokens`` K);
 - ``fast_ngram``: ``--fast --draft ngram`` (prompt-lookup drafts, no draft model; same K);
 - ``continuous_filter``: ``--filter all`` (every content rule over every completion, streaming-safe;
-  its requests ask for no token ids, which a filtered server refuses).
+  its requests ask for no token ids, which a filtered server refuses);
+- ``continuous_capture``: ``--capture DIR`` (every completed request appended to the traffic log,
+  the flywheel's input; a fresh directory each round).
 
 Target: the quickstart's GRPO policy (0.9M parameters; default), a directory, or ``medium``: a
 random-weight 26M-parameter Llama with the quickstart's tokenizer (``serve_models.medium_target``,
@@ -67,19 +69,21 @@ from common import idle_cpu, machine_note, print_table, spread, write_json
 from serve_models import SYSTEM, distil_draft, medium_target, target_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-EXACT = ("one_at_a_time", "continuous", "fast", "fast_draft", "fast_ngram")
-SIDES = ("one_at_a_time", "continuous", "fast", "fast_int8", "fast_draft", "fast_ngram", "continuous_filter")
+EXACT = ("one_at_a_time", "continuous", "fast", "fast_draft", "fast_ngram", "continuous_capture")
+SIDES = ("one_at_a_time", "continuous", "fast", "fast_int8", "fast_draft", "fast_ngram", "continuous_filter",
+         "continuous_capture")
 MODEL_NAME = "target"
 
 
-def side_flags(side: str, draft: str, spec_tokens: int) -> list[str]:
+def side_flags(side: str, draft: str, spec_tokens: int, log_dir: str = "") -> list[str]:
     return {"one_at_a_time": ["--batching", "none"],
             "continuous": [],
             "fast": ["--fast"],
             "fast_draft": ["--fast", "--draft", draft, "--spec-tokens", str(spec_tokens)],
             "fast_ngram": ["--fast", "--draft", "ngram", "--spec-tokens", str(spec_tokens)],
             "fast_int8": ["--fast", "--quantize", "int8"],
-            "continuous_filter": ["--filter", "all"]}[side]
+            "continuous_filter": ["--filter", "all"],
+            "continuous_capture": ["--capture", str(Path(log_dir) / f"traffic_{time.monotonic_ns()}")]}[side]
 
 
 def free_port() -> int:
@@ -285,7 +289,7 @@ def main() -> None:
         for r in range(a.rounds):
             order = a.sides[r % len(a.sides):] + a.sides[:r % len(a.sides)]
             for side in order:
-                res = run_side(side, str(tdir), side_flags(side, str(ddir), a.spec_tokens), a, requests, warm,
+                res = run_side(side, str(tdir), side_flags(side, str(ddir), a.spec_tokens, log_dir), a, requests, warm,
                                burst, log_dir)
                 runs[side].append(res)
                 print(f"round {r} {side}: {res['completed']}/{len(requests)} requests, "
@@ -320,7 +324,7 @@ def main() -> None:
     ratios = {}
     for num, den in (("continuous", "one_at_a_time"), ("fast", "continuous"), ("fast_draft", "continuous"),
                      ("fast_ngram", "continuous"), ("fast_int8", "continuous"), ("fast_draft", "fast"),
-                     ("continuous_filter", "continuous")):
+                     ("continuous_filter", "continuous"), ("continuous_capture", "continuous")):
         if num in runs and den in runs:
             per_round = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(runs[num], runs[den])]
             ratios[f"{num}/{den}"] = {"per_round": per_round, "median": statistics.median(per_round),

@@ -265,3 +265,16 @@ def test_flywheel_config_refuses_keys_the_cycle_sets():
         FlywheelConfig(traffic="t", criteria="c", eval={"domains": ["math.arith"]})
     with pytest.raises(ConfigError, match="'traffic'"):
         FlywheelConfig(criteria="c")
+
+
+def test_the_shipped_flywheel_recipe_and_criteria_parse():
+    from pathlib import Path
+
+    from rlvr.config import from_dict, read_yaml
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    cfg = from_dict(FlywheelConfig, read_yaml(configs / "flywheel.yaml"))
+    assert cfg.grpo_config("m", "o", "t.jsonl").steps == 50 and cfg.eval_config().max_new_tokens == 64
+    assert load_criteria(configs / "flywheel_criteria.yaml").file.verifier == "math"
+    with pytest.raises(ConfigError, match="train.rollout"):
+        FlywheelConfig(traffic="t", criteria="c", train={"rollout": {"tasks_per_stp": 8}})

@@ -105,6 +105,20 @@ class FlywheelConfig:
                 raise ConfigError(f"config key 'eval.{key}' is not a decoding key; choose from: {', '.join(allowed)}")
         if self.gate.margin < 0 or self.gate.tolerance < 0:
             raise ConfigError("gate.margin and gate.tolerance are points >= 0")
+        self.grpo_config("model", "out", "train.jsonl")  # a typo in 'train' or 'eval' stops here, naming the key
+        self.eval_config()
+
+    def grpo_config(self, model: str, out: str, tasks: str):
+        """The cycle's GRPO config: ``train`` over the defaults, from ``model`` on the ``tasks`` file."""
+        from rlvr.train.grpo import GRPOConfig
+
+        data = {"seed": self.seed, **self.train, "model": model, "out": out, "domains": [], "task_files": [tasks]}
+        return from_dict(GRPOConfig, data, "train")
+
+    def eval_config(self):
+        from rlvr.eval.evaluate import EvalConfig
+
+        return from_dict(EvalConfig, {**self.eval, "domains": [], "task_files": []}, "eval")
 
 
 # -- the cycle's state on disk --------------------------------------------------------------------
@@ -157,11 +171,9 @@ def _done(path: Path, state: dict, stage: str) -> None:
 
 # -- the stages -------------------------------------------------------------------------------------
 def _train(cfg: FlywheelConfig, path: Path, base: str, progress: bool) -> str:
-    from rlvr.train.grpo import GRPOConfig, run_grpo
+    from rlvr.train.grpo import run_grpo
 
-    data = {"seed": cfg.seed, **cfg.train, "model": base, "out": str(path / "train"), "domains": [],
-            "task_files": [str(path / "harvest" / "train.jsonl")]}
-    grpo = from_dict(GRPOConfig, data, "train")
+    grpo = cfg.grpo_config(base, str(path / "train"), str(path / "harvest" / "train.jsonl"))
     run_grpo(grpo, resume=True, progress=progress)  # resume: the newest checkpoint, if a run was cut
     return str((path / "train" / "final").resolve())
 
@@ -188,12 +200,11 @@ def _suites(cfg: FlywheelConfig, path: Path) -> dict[str, tuple[list, dict]]:
 
 def _evaluate(cfg: FlywheelConfig, path: Path, models: dict[str, str]) -> dict[str, dict[str, dict]]:
     """``{who: {suite: report}}`` for ``models`` ``{who: model dir}``; reports written once, reused."""
-    from rlvr.eval.evaluate import EvalConfig
     from rlvr.eval.report import eval_report
     from rlvr.model.load import load_model_and_tokenizer
     from rlvr.tasks.sets import needs_sandbox
 
-    ecfg = from_dict(EvalConfig, {**cfg.eval, "domains": [], "task_files": []}, "eval")
+    ecfg = cfg.eval_config()
     suites = None
     reports: dict[str, dict[str, dict]] = {}
     for who, model_dir in models.items():
