@@ -115,6 +115,7 @@ def write_eval_file(path: Path, pairs: list[tuple[str, str]]) -> None:
 
 EVAL_ENTRY = {"verifier": "number", "instruction": ""}
 """How the flywheel reads the held-out file (a ``task_files`` entry's keys besides ``path``)."""
+LR = 1e-3
 CRITERIA = "verifier: number\noptions: {answer_at: final}\ndomain: legs\n"
 
 
@@ -189,14 +190,15 @@ def accuracy(url: str, pairs: list[tuple[str, str]]) -> float:
     return sum(said(ask(url, q)[1]) == str(LEGS[a]) for q, a in pairs) / len(pairs)
 
 
-def flywheel_yaml(path: Path, *, root: Path, port: int, heldout: Path, steps: int, regression_tasks: int) -> Path:
+def flywheel_yaml(path: Path, *, root: Path, port: int, heldout: Path, steps: int, regression_tasks: int,
+                  lr: float = LR) -> Path:
     data = {"server": f"http://127.0.0.1:{port}", "traffic": str(root / "traffic"), "criteria": str(root / "criteria.yaml"),
             "dir": str(root / "flywheel"), "admin_token": ADMIN, "eval_files": [{"path": str(heldout), **EVAL_ENTRY}],
             "regression_suite": "default", "regression_tasks": regression_tasks, "min_tasks": 8,
             "gate": {"margin": 5.0, "tolerance": 2.0},
             "train": {"steps": steps, "checkpoint_every": 5, "save_trajectories_every": 1000,
                       "rollout": {"tasks_per_step": 8, "samples_per_task": 8, "max_new_tokens": 8},
-                      "optim": {"lr": 3e-3, "warmup_steps": 2}},
+                      "optim": {"lr": lr, "warmup_steps": 2}},
             "eval": {"max_new_tokens": 8}}
     import yaml
 
@@ -209,12 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--questions", type=int, default=96, help="questions the users ask in each round")
     ap.add_argument("--heldout", type=int, default=48, help="the users' held-out questions")
-    ap.add_argument("--steps", type=int, default=30, help="GRPO steps per cycle")
+    ap.add_argument("--steps", type=int, default=60, help="GRPO steps per cycle")
+    ap.add_argument("--lr", type=float, default=LR, help="GRPO learning rate")
     ap.add_argument("--out", default="runs/bench_flywheel")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    result = run_scenario(Path(args.out), n_questions=args.questions, n_heldout=args.heldout, steps=args.steps)
+    result = run_scenario(Path(args.out), n_questions=args.questions, n_heldout=args.heldout, steps=args.steps,
+                          lr=args.lr)
     print(json.dumps(result, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
@@ -237,7 +241,7 @@ def tiny_base(root: Path) -> str:
 
 
 def run_scenario(root: Path, *, n_questions: int, n_heldout: int, steps: int, regression_tasks: int = 100,
-                 base: str | None = None) -> dict:
+                 lr: float = LR, base: str | None = None) -> dict:
     """The whole scenario in ``root``; the numbers."""
     root.mkdir(parents=True, exist_ok=True)
     asked = questions(n_questions, seed=1)
@@ -248,7 +252,7 @@ def run_scenario(root: Path, *, n_questions: int, n_heldout: int, steps: int, re
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     config = flywheel_yaml(root / "flywheel.yaml", root=root, port=port, heldout=heldout, steps=steps,
-                           regression_tasks=regression_tasks)
+                           regression_tasks=regression_tasks, lr=lr)
     server = start_server(str(root / "prior"), root / "traffic", port)
     try:
         before = accuracy(url, held)
@@ -270,7 +274,7 @@ def run_scenario(root: Path, *, n_questions: int, n_heldout: int, steps: int, re
         server.wait(timeout=30)
     history = [json.loads(line) for line in (root / "flywheel" / "history.jsonl").read_text().splitlines()]
     return {
-        "heldout_questions": len(held), "asked_per_round": len(asked), "grpo_steps": steps,
+        "heldout_questions": len(held), "asked_per_round": len(asked), "grpo_steps": steps, "lr": lr,
         "served_accuracy": {"before": before, "after_cycle1": after, "after_sabotaged_cycle2": after_sabotage},
         "cycle1": {"exit": code1, "pushed": history[0]["pushed"], "harvest": history[0]["harvest"],
                    "gate": history[0]["gate"], "seconds": round(cycle1_s, 1)},

@@ -148,7 +148,7 @@ def test_the_loop_trains_gates_pushes_refuses_sabotage_and_rolls_back(tmp_path):
     write_eval_file(heldout, held)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    config = flywheel_yaml(root / "flywheel.yaml", root=root, port=port, heldout=heldout, steps=30,
+    config = flywheel_yaml(root / "flywheel.yaml", root=root, port=port, heldout=heldout, steps=40,
                            regression_tasks=40)
     server = start_server(str(root / "prior"), root / "traffic", port)
     try:
