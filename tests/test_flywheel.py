@@ -265,6 +265,9 @@ def test_flywheel_config_refuses_keys_the_cycle_sets():
         FlywheelConfig(traffic="t", criteria="c", eval={"domains": ["math.arith"]})
     with pytest.raises(ConfigError, match="'traffic'"):
         FlywheelConfig(criteria="c")
+    with pytest.raises(ConfigError, match="lora.save must be 'merged'"):
+        FlywheelConfig(traffic="t", criteria="c", train={"lora": {"enabled": True, "save": "adapter"}})
+    assert FlywheelConfig(traffic="t", criteria="c", train={"lora": {"enabled": True}}).grpo_config("m", "o", "t").lora.enabled
 
 
 def test_the_shipped_flywheel_recipe_and_criteria_parse():

@@ -39,6 +39,12 @@ from benchmarks.flywheel import (  # noqa: E402
 from rlvr.serve.capture import ReadStats, TrafficLog, read_traffic  # noqa: E402
 
 
+def log_file(directory: Path) -> str:
+    from rlvr.serve.capture import traffic_files
+
+    return traffic_files(directory)[-1].name
+
+
 def _models(url: str) -> dict:
     import urllib.request
 
@@ -89,6 +95,62 @@ def test_feedback_endpoint_checks_its_token_the_id_and_the_judgement(tmp_path):
     with TestClient(create_app(no_engine, model_name="m", admin_token="adm")) as client:  # no --capture
         r = client.post("/v1/feedback", json={"id": "x", "rating": "up"}, headers={"Authorization": "Bearer adm"})
         assert r.status_code == 404 and "--capture" in r.json()["error"]["message"]
+
+
+def test_completions_are_captured_and_a_failed_write_is_counted_not_fatal(tiny_model_dir, tmp_path):
+    import errno
+
+    from fastapi.testclient import TestClient
+
+    from rlvr.model.load import load_model_and_tokenizer
+    from rlvr.serve.app import create_app
+    from rlvr.serve.batcher import Batcher
+
+    def load():
+        model, tok = load_model_and_tokenizer(tiny_model_dir)
+        return Batcher(model, tok, max_batch=4, max_waiting=8), tok
+
+    log = TrafficLog(tmp_path / "traffic")
+    with TestClient(create_app(load, model_name="m", capture=log)) as client:
+        end = time.monotonic() + 60
+        while client.get("/health").status_code != 200 and time.monotonic() < end:
+            time.sleep(0.05)
+        r = client.post("/v1/completions", json={"model": "m", "prompt": ["1 + 2 =", "3 + 4 ="], "max_tokens": 4,
+                                                 "temperature": 0})
+        assert r.status_code == 200
+        record = [r for _, r in read_traffic(tmp_path / "traffic")][-1]
+        assert record["endpoint"] == "completions" and record["request"]["prompt"] == ["1 + 2 =", "3 + 4 ="]
+        assert len(record["prompt_token_ids"]) == 2 and len(record["choices"]) == 2
+        assert record["usage"]["prompt_tokens"] == sum(len(p) for p in record["prompt_token_ids"])
+
+        def full(_record):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        log.append = full  # the disk fills up: the request is served, the failure counted
+        for _ in range(2):
+            r = client.post("/v1/chat/completions", json={"model": "m", "max_tokens": 4,
+                                                          "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
+        metrics = client.get("/metrics").text
+        assert 'rlvr_serve_captured_total{outcome="error"} 2.0' in metrics
+        assert 'rlvr_serve_captured_total{outcome="ok"} 1.0' in metrics
+    assert log.failed == 2
+    # with --filter, what is stored is redacted and holds no token ids
+    from rlvr.content_filter import ContentFilter
+
+    rules = ContentFilter.parse("email")
+    log = TrafficLog(tmp_path / "filtered", content_filter=rules)
+    with TestClient(create_app(load, model_name="m", capture=log, content_filter=rules)) as client:
+        end = time.monotonic() + 60
+        while client.get("/health").status_code != 200 and time.monotonic() < end:
+            time.sleep(0.05)
+        r = client.post("/v1/chat/completions", json={"model": "m", "max_tokens": 4, "messages": [
+            {"role": "user", "content": "mail bob@example.com the sum of 2 and 3"}]})
+        assert r.status_code == 200
+    record = [r for _, r in read_traffic(tmp_path / "filtered")][-1]
+    assert record["request"]["messages"][0]["content"] == "mail [redacted:email] the sum of 2 and 3"
+    assert record["prompt_token_ids"] is None and record["choices"][0]["token_ids"] is None and record["redacted"]
+    assert "bob@example.com" not in (tmp_path / "filtered").joinpath(log_file(tmp_path / "filtered")).read_text()
 
 
 def test_a_server_killed_with_requests_in_flight_keeps_every_completed_response(tiny_model_dir, tmp_path):

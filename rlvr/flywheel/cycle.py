@@ -7,8 +7,8 @@ A cycle, in ``DIR/cycles/NNNN/``:
 2. **harvest** the captured traffic into ``harvest/`` (``rlvr.flywheel.harvest``); fewer than
    ``min_tasks`` training tasks ends the cycle, refused.
 3. **train**: GRPO from the served weights on ``harvest/train.jsonl`` (``train``: any GRPO config
-   keys, e.g. ``steps``, ``lora``, ``optim``), in ``train/``, checkpointed; a cycle killed here
-   resumes from its newest checkpoint when the command runs again.
+   keys, e.g. ``steps``, ``optim``, ``lora`` with ``save: merged``), in ``train/``, checkpointed; a
+   cycle killed here resumes from its newest checkpoint when the command runs again.
 4. **evaluate** the served weights and the candidate on the acceptance suite (the user's
    ``eval_files`` + the harvest's held-out split) and on the regression suite (a built-in or
    YAML suite, ``regression_suite``), with the same decoding (``eval``): ``eval/*.json``.
@@ -105,7 +105,9 @@ class FlywheelConfig:
                 raise ConfigError(f"config key 'eval.{key}' is not a decoding key; choose from: {', '.join(allowed)}")
         if self.gate.margin < 0 or self.gate.tolerance < 0:
             raise ConfigError("gate.margin and gate.tolerance are points >= 0")
-        self.grpo_config("model", "out", "train.jsonl")  # a typo in 'train' or 'eval' stops here, naming the key
+        grpo = self.grpo_config("model", "out", "train.jsonl")  # a typo in 'train' or 'eval' stops here, naming the key
+        if grpo.lora.enabled and grpo.lora.save != "merged":
+            raise ConfigError("train.lora.save must be 'merged' in a flywheel: the server loads whole model directories")
         self.eval_config()
 
     def grpo_config(self, model: str, out: str, tasks: str):

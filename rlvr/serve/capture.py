@@ -11,7 +11,8 @@ anywhere else is an error naming file and line. The page cache is flushed (``fsy
 file is rotated and when the server stops; a power loss can lose what was written since.
 
 Records (``type``): ``response`` (id, time, endpoint, model, model_version, request, params,
-prompt_token_ids, choices with text, token ids and finish reason, usage, latency_s) and
+prompt_token_ids (a list of lists for a completions request with several prompts), choices with
+text, token ids and finish reason, usage, latency_s) and
 ``feedback`` (id of the response, choice, rating ``up``/``down``, correction, label, reason).
 With a content filter (``--filter``) the stored texts (the request's messages, the completions
 as served, a correction) have every match of the filter's rules redacted, and no token ids are
@@ -56,6 +57,8 @@ class TrafficLog:
         self._n = 0
         self.known: set[str] = {r["id"] for _, r in read_traffic(self.dir) if r.get("type") == "response"}
         """Response ids in the directory (feedback may name them)."""
+        self.failed = 0
+        """Records the server could not write (``rlvr.serve.handlers`` counts them and serves on)."""
 
     # -- writing -----------------------------------------------------------------------------------
     def _open(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,6 +22,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from rlvr.serve.chat import TOOL_MARKERS, BadField, encode_chat, parse_reply
+from rlvr import oplog
 from rlvr.serve.capture import utc_now as capture_time
 from rlvr.serve.errors import ApiError
 from rlvr.serve.protocol import ChatCompletionRequest, CompletionRequest
@@ -204,13 +206,30 @@ def _count(call: Call, prompt_tokens: int, choices: list[Choice]) -> None:
     call.metrics.completion_tokens.inc(sum(len(c.token_ids) for c in choices))
 
 
-def _capture(call: Call, body, rid: str, request: dict, prompt_ids: list[int], choices: list[Choice],
-             finishes: list[str | None] | None = None) -> None:
-    """Append the completed request to the traffic log (``--capture``), before its response ends."""
+def _capture(call: Call, body, rid: str, request: dict, prompt_ids: list[int] | list[list[int]], n_prompt: int,
+             choices: list[Choice], finishes: list[str | None] | None = None) -> None:
+    """Append the completed request to the traffic log (``--capture``), before its response ends.
+    A write that fails (a full disk) is counted (``rlvr_serve_captured{outcome="error"}``), written
+    to the operation log and to stderr once, and the request is served anyway."""
     log = call.capture
     if log is None:
         return
     versions = sorted({v for c in choices for v in c.versions})
+    try:
+        _append(call, log, body, rid, request, prompt_ids, n_prompt, choices, versions, finishes)
+    except OSError as e:
+        call.metrics.captured.labels("error").inc()
+        oplog.write("capture", outcome="error", error=str(e)[:300])
+        if not log.failed:
+            print(f"rlvr serve: the traffic log could not be written ({e}); serving on, counting failures in "
+                  "rlvr_serve_captured{outcome=\"error\"}", file=sys.stderr, flush=True)
+        log.failed += 1
+        return
+    call.metrics.captured.labels("ok").inc()
+
+
+def _append(call: Call, log, body, rid: str, request: dict, prompt_ids, n_prompt: int, choices: list[Choice],
+            versions: list[int], finishes: list[str | None] | None) -> None:
     log.append({
         "type": "response", "id": rid, "time": capture_time(), "endpoint": call.endpoint, "model": call.model_name,
         "model_version": versions[-1] if versions else call.engine.version, "request": request,
@@ -219,7 +238,7 @@ def _capture(call: Call, body, rid: str, request: dict, prompt_ids: list[int], c
         "prompt_token_ids": log.ids(prompt_ids),
         "choices": [{"index": c.index, "text": log.text(c.text.text()), "token_ids": log.ids(c.token_ids),
                      "finish_reason": finishes[k] if finishes else c.finish} for k, c in enumerate(choices)],
-        "usage": _usage(len(prompt_ids), choices), "latency_s": round(time.monotonic() - call.started, 4),
+        "usage": _usage(n_prompt, choices), "latency_s": round(time.monotonic() - call.started, 4),
         "redacted": log.redacting,
     })
 
@@ -282,7 +301,7 @@ async def chat_completion(call: Call, body: ChatCompletionRequest):
            "choices": [_chat_choice(call, body, c, bool(tools)) for c in choices],
            "usage": _usage(len(prompt), choices)}
     if call.capture is not None:
-        _capture(call, body, rid, _chat_request(call, body), prompt, choices,
+        _capture(call, body, rid, _chat_request(call, body), prompt, len(prompt), choices,
                  [c["finish_reason"] for c in out["choices"]])
     if body.return_token_ids:
         out["prompt_token_ids"] = prompt
@@ -348,7 +367,8 @@ async def _chat_chunks(call: Call, body: ChatCompletionRequest, choices: list[Ch
         yield chunk(c, final, finishes[c.index], lps, **ids, **c.filtered())
     _count(call, len(choices[0].prompt_ids), choices)
     if call.capture is not None:
-        _capture(call, body, head["id"], _chat_request(call, body), choices[0].prompt_ids, choices, finishes)
+        _capture(call, body, head["id"], _chat_request(call, body), choices[0].prompt_ids,
+                 len(choices[0].prompt_ids), choices, finishes)
     if body.stream_options and body.stream_options.include_usage:
         yield _sse({**base, "choices": [], "usage": _usage(len(choices[0].prompt_ids), choices)})
     if body.return_token_ids:
@@ -386,7 +406,8 @@ async def completion(call: Call, body: CompletionRequest):
     await _collect(call, choices)
     _count(call, n_prompt, choices)
     if call.capture is not None:
-        _capture(call, body, head["id"], _completion_request(call, body), prompts[0], choices)
+        _capture(call, body, head["id"], _completion_request(call, body), prompts[0] if len(prompts) == 1 else prompts,
+                 n_prompt, choices)
     return {**head, "object": "text_completion", "system_fingerprint": _fingerprint(choices),
             "choices": [_completion_choice(call, body, c) for c in choices], "usage": _usage(n_prompt, choices)}
 
@@ -438,7 +459,9 @@ async def _completion_chunks(call: Call, body: CompletionRequest, choices: list[
         yield _sse({**base, "choices": [choice]})
     _count(call, n_prompt, choices)
     if call.capture is not None:
-        _capture(call, body, head["id"], _completion_request(call, body), choices[0].prompt_ids, choices)
+        prompts = list({tuple(c.prompt_ids): None for c in choices})
+        _capture(call, body, head["id"], _completion_request(call, body),
+                 list(prompts[0]) if len(prompts) == 1 else [list(p) for p in prompts], n_prompt, choices)
     if body.stream_options and body.stream_options.include_usage:
         yield _sse({**base, "choices": [], "usage": _usage(n_prompt, choices)})
     yield _sse("[DONE]")

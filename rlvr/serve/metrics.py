@@ -1,7 +1,7 @@
 """Prometheus metrics of ``rlvr serve`` (``GET /metrics``), in a registry of their own.
 
 Counted by the HTTP layer: requests by endpoint and status, prompt and completion tokens, request
-latency and time to first token. Read from the engine at each scrape (``ServingEngine.stats``):
+latency and time to first token, captured requests by outcome. Read from the engine at each scrape (``ServingEngine.stats``):
 running rows (the batch size), waiting requests, decode steps, admitted requests, prefix-cache
 hits and prompt tokens taken from the cache, speculative decoding's proposed and accepted draft
 tokens (each 0 on an engine without it) and the weights version.
@@ -56,6 +56,9 @@ class ServeMetrics:
                                  buckets=_LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram("rlvr_serve_time_to_first_token_seconds", "time to the first generated token",
                               buckets=_LATENCY_BUCKETS, registry=r)
+        self.captured = Counter("rlvr_serve_captured", "completed requests appended to the traffic log (--capture), "
+                                "by outcome (ok, error: the write failed and the request was served anyway)",
+                                ["outcome"], registry=r)
         r.register(_EngineCollector(stats))
 
     def render(self) -> bytes:
