@@ -281,3 +281,32 @@ def test_the_shipped_flywheel_recipe_and_criteria_parse():
     assert load_criteria(configs / "flywheel_criteria.yaml").file.verifier == "math"
     with pytest.raises(ConfigError, match="train.rollout"):
         FlywheelConfig(traffic="t", criteria="c", train={"rollout": {"tasks_per_stp": 8}})
+
+
+def test_a_cycle_cut_after_its_own_push_records_it_and_a_changed_server_refuses(tmp_path, monkeypatch):
+    from rlvr.flywheel import cycle
+    from rlvr.flywheel.server import Served
+
+    pushes = []
+    monkeypatch.setattr(cycle, "push_weights", lambda server, path, token: pushes.append(path) or 7)
+    cfg = FlywheelConfig(traffic="t", criteria="c", admin_token="a")
+    state = {"served": {"path": str(tmp_path / "base"), "version": 3}, "done": ["harvest", "train"]}
+    (tmp_path / "cycle").mkdir()
+    # the server still serves the baseline: pushed, the push recorded in the state first
+    monkeypatch.setattr(cycle, "served", lambda *_: Served(str(tmp_path / "base"), 3, "m"))
+    result, verdict = {}, {"passed": True, "failures": []}
+    cycle._push(cfg, tmp_path / "cycle", state, str(tmp_path / "cand"), result, verdict)
+    assert result["pushed"] and result["after"]["version"] == 7 and pushes == [str(tmp_path / "cand")]
+    assert "push" in json.loads((tmp_path / "cycle" / "cycle.json").read_text())["done"]
+    # cut after that push, resumed: the server serves the candidate, so it is recorded, not pushed again
+    monkeypatch.setattr(cycle, "served", lambda *_: Served(str(tmp_path / "cand"), 4, "m"))
+    result = {}
+    cycle._push(cfg, tmp_path / "cycle", state, str(tmp_path / "cand"), result, verdict)
+    assert result["pushed"] and result["after"]["version"] == 4 and len(pushes) == 1
+    # someone else changed the server mid-cycle: refused, nothing pushed
+    state = {"served": {"path": str(tmp_path / "base"), "version": 3}, "done": ["harvest", "train"]}
+    monkeypatch.setattr(cycle, "served", lambda *_: Served(str(tmp_path / "other"), 4, "m"))
+    result, verdict = {}, {"passed": True, "failures": []}
+    cycle._push(cfg, tmp_path / "cycle", state, str(tmp_path / "cand"), result, verdict)
+    assert not verdict["passed"] and "the server changed during the cycle" in verdict["failures"][0]
+    assert "pushed" not in result and len(pushes) == 1

@@ -16,7 +16,8 @@ A cycle, in ``DIR/cycles/NNNN/``:
    ``gate.margin`` points, and no domain of either suite may drop by more than
    ``gate.tolerance``. A failed gate names each failing rule.
 6. **push** the candidate to the server (``/v1/weights``) when the gate passed and the server
-   still serves the baseline (else refused: someone else changed it mid-cycle).
+   still serves the baseline (else refused: someone else changed it mid-cycle); a cycle cut right
+   after its push finds the server serving its candidate and records the push.
 7. **record**: ``result.json`` and a line of ``DIR/history.jsonl`` (inputs, model paths and
    versions, scores, gate, pushed or why not).
 
@@ -283,17 +284,27 @@ def run_cycle(cfg: FlywheelConfig, *, progress: bool = True) -> dict:
     verdict = gate(cfg, reports)
     result = {**result, "candidate": candidate, "gate": verdict}
     if verdict["passed"]:
-        now = served(cfg.server, cfg.api_key)
-        if now.version != state["served"]["version"] or Path(now.path).resolve() != Path(base).resolve():
-            verdict["passed"] = False
-            verdict["failures"].append(f"the server changed during the cycle (serves {now.path} version "
-                                       f"{now.version}, the cycle started from {base} version "
-                                       f"{state['served']['version']}); nothing pushed")
-        else:
-            version = push_weights(cfg.server, candidate, cfg.admin_token)
-            result.update(after={"path": candidate, "version": version, "model": now.model}, pushed=True)
+        _push(cfg, path, state, candidate, result, verdict)
     result["seconds"] = round(time.monotonic() - started, 1)
     return _finish(fly, path, result)
+
+
+def _push(cfg: FlywheelConfig, path: Path, state: dict, candidate: str, result: dict, verdict: dict) -> None:
+    """Push ``candidate`` if the server still serves the cycle's baseline; a cycle cut after its own
+    push (``push`` started, the server serving the candidate) counts it as pushed."""
+    now = served(cfg.server, cfg.api_key)
+    if "push" in state["done"] and Path(now.path).resolve() == Path(candidate).resolve():
+        result.update(after={"path": candidate, "version": now.version, "model": now.model}, pushed=True)
+        return
+    base = state["served"]
+    if now.version != base["version"] or Path(now.path).resolve() != Path(base["path"]).resolve():
+        verdict["passed"] = False
+        verdict["failures"].append(f"the server changed during the cycle (serves {now.path} version {now.version}, "
+                                   f"the cycle started from {base['path']} version {base['version']}); nothing pushed")
+        return
+    _done(path, state, "push")
+    version = push_weights(cfg.server, candidate, cfg.admin_token)
+    result.update(after={"path": candidate, "version": version, "model": now.model}, pushed=True)
 
 
 def _finish(fly: Path, path: Path, result: dict) -> dict:

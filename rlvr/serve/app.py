@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -182,7 +183,7 @@ def _operations_routes(app: FastAPI, s: _Server) -> None:
             oplog.write("weights_update", path=body.path, outcome="error", error=str(e)[:300])
             raise ApiError(400, str(e), param="path") from None
         oplog.write("weights_update", path=body.path, outcome="ok", version=version)
-        s.root = body.path
+        s.root = str(Path(body.path).resolve())
         return {"version": version, "path": body.path}
 
     @app.post("/v1/feedback")
@@ -195,9 +196,13 @@ def _operations_routes(app: FastAPI, s: _Server) -> None:
             raise ApiError(404, f"no captured response has id {body.id!r}", param="id", code="unknown_response")
         if body.rating is None and body.correction is None and body.label is None:
             raise ApiError(400, "feedback needs a rating (up|down), a correction or a label", param="rating")
-        s.capture.append({"type": "feedback", "id": body.id, "time": utc_now(), "choice": body.choice,
-                          "rating": body.rating, "correction": s.capture.text(body.correction),
-                          "label": body.label, "reason": s.capture.text(body.reason)})
+        try:
+            s.capture.append({"type": "feedback", "id": body.id, "time": utc_now(), "choice": body.choice,
+                              "rating": body.rating, "correction": s.capture.text(body.correction),
+                              "label": body.label, "reason": s.capture.text(body.reason)})
+        except OSError as e:  # not recorded: the client must know, and may retry
+            raise ApiError(503, f"the traffic log could not be written: {e}", type="server_error",
+                           code="capture_failed") from None
         return {"id": body.id, "recorded": True}
 
 

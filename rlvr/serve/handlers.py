@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from rlvr.serve.chat import TOOL_MARKERS, BadField, encode_chat, parse_reply
 from rlvr import oplog
+from rlvr.serve.chat import TOOL_MARKERS, BadField, encode_chat, parse_reply
 from rlvr.serve.capture import utc_now as capture_time
 from rlvr.serve.errors import ApiError
 from rlvr.serve.protocol import ChatCompletionRequest, CompletionRequest
@@ -459,9 +459,9 @@ async def _completion_chunks(call: Call, body: CompletionRequest, choices: list[
         yield _sse({**base, "choices": [choice]})
     _count(call, n_prompt, choices)
     if call.capture is not None:
-        prompts = list({tuple(c.prompt_ids): None for c in choices})
-        _capture(call, body, head["id"], _completion_request(call, body),
-                 list(prompts[0]) if len(prompts) == 1 else [list(p) for p in prompts], n_prompt, choices)
+        prompts = [choices[k].prompt_ids for k in range(0, len(choices), body.n)]  # choice k*n+i: prompt k
+        _capture(call, body, head["id"], _completion_request(call, body), prompts[0] if len(prompts) == 1 else prompts,
+                 n_prompt, choices)
     if body.stream_options and body.stream_options.include_usage:
         yield _sse({**base, "choices": [], "usage": _usage(n_prompt, choices)})
     yield _sse("[DONE]")
