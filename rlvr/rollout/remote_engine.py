@@ -47,11 +47,7 @@ directory (NCCL broadcast, vLLM's and SGLang's own update routes: not built).
 
 from __future__ import annotations
 
-import json
 import os
-import time
-import urllib.error
-import urllib.request
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -61,7 +57,8 @@ from pathlib import Path
 import torch
 
 from rlvr.config import check_choice, check_range
-from rlvr.errors import ConfigError, UserError
+from rlvr.errors import ConfigError
+from rlvr.http_json import Client, RemoteError
 from rlvr.rollout.engine import Completion, SamplingParams, model_stop_ids
 from rlvr.rollout.weights import StaleWeightsError, canary_ids, compare_canary, probe
 
@@ -116,57 +113,6 @@ class RemoteConfig:
 
     def secret(self, value: str, env: str) -> str:
         return value or os.environ.get(env, "")
-
-
-class RemoteError(UserError):
-    """The server could not be reached, or answered with an error or a malformed body."""
-
-
-class Client:
-    """JSON over HTTP to one server (stdlib only; thread-safe: one connection per request)."""
-
-    def __init__(self, base_url: str, api_key: str, timeout_s: float) -> None:
-        self.root = base_url.rstrip("/").removesuffix("/v1")
-        self.api_key, self.timeout_s = api_key, timeout_s
-
-    def call(self, route: str, body: dict | None = None, token: str | None = None) -> dict:
-        """GET (``body`` None) or POST ``route``; the decoded answer, or ``RemoteError`` in one line."""
-        url = self.root + route
-        token = self.api_key if token is None else token
-        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(url, data=data, headers=headers, method="GET" if body is None else "POST")
-        deadline, wait = time.monotonic() + self.timeout_s, 0.05
-        try:
-            while True:
-                try:
-                    with urllib.request.urlopen(request, timeout=self.timeout_s) as r:
-                        text = r.read().decode()
-                    break
-                except urllib.error.HTTPError as e:
-                    if e.code != 429 or time.monotonic() + wait > deadline:  # 429: the server's queue is full
-                        raise
-                    time.sleep(wait)
-                    wait = min(2 * wait, 1.0)
-        except urllib.error.HTTPError as e:
-            raise RemoteError(f"rollout.engine: remote: {url} answered HTTP {e.code}: {_error_text(e)}") from None
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise RemoteError(f"rollout.engine: remote: cannot reach {self.root} ({url}): {reason}") from None
-        try:
-            return json.loads(text)
-        except ValueError:
-            raise RemoteError(f"rollout.engine: remote: {url} did not answer JSON: {text[:200]!r}") from None
-
-
-def _error_text(e: urllib.error.HTTPError) -> str:
-    text = e.read().decode(errors="replace")
-    try:
-        err = json.loads(text)
-        err = err.get("error", err) if isinstance(err, dict) else err
-        return str(err.get("message", err) if isinstance(err, dict) else err)[:300]
-    except ValueError:
-        return text[:300]
 
 
 def choice_completion(choice: dict, prompt_index: int, stop_ids: Sequence[int] | None, where: str) -> Completion:
