@@ -3,6 +3,8 @@ VENV       ?= .venv
 PY         := $(VENV)/bin/python
 # This machine has a CPU build of torch 2.13.0 on disk; elsewhere pick yours (e.g. TORCH_SPEC=torch).
 TORCH_SPEC ?= torch==2.13.0
+# Test processes of `make test` (pytest-xdist; a file's tests stay in one process, its fixtures shared).
+TEST_WORKERS ?= 2
 SYSTEM_PACKAGES := bubblewrap libseccomp2
 # The run report's browser test drives Debian's Chromium through playwright (no browser download).
 BROWSER_PACKAGES := chromium
@@ -38,7 +40,7 @@ browser:
 
 # Tiny models on 2 shared cores run fastest (and never oversubscribed) on one thread.
 test: setup browser
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs --durations=15
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs --durations=15 -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: setup
 	$(PY) -m pytest -q -rs -m slow
