@@ -310,6 +310,20 @@ def test_unknown_model_bad_json_and_openai_client_errors(server):
     assert e.value.body["param"] == "prompt"
 
 
+
+def test_structured_output_is_refused_not_answered_with_free_text(server):
+    """A JSON response_format would need constrained decoding, which is not built: a 400 naming the
+    field (never a 200 with text that may not parse); ``text`` is served."""
+    schema = {"type": "object", "properties": {"score": {"type": "integer"}}, "required": ["score"]}
+    for fmt in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}):
+        with pytest.raises(openai.BadRequestError) as e:
+            server.client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=4, response_format=fmt)
+        assert e.value.body["param"] == "response_format" and "constrain" in e.value.body["message"]
+    r = server.client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=4,
+                                              response_format={"type": "text"})
+    assert r.choices[0].message.content is not None
+
+
 def test_continuous_batching_equals_one_at_a_time(servers):
     main, single = servers
     prompts = ["1+2=", "what is 3*4? ", "the answer is", "9", "12+30=", "hello there"]

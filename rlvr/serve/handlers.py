@@ -275,6 +275,10 @@ def _stream(gen: AsyncIterator[str]) -> StreamingResponse:
 
 # -- chat ------------------------------------------------------------------------------------------
 async def chat_completion(call: Call, body: ChatCompletionRequest):
+    if body.response_format is not None and body.response_format.type != "text":
+        raise ApiError(400, f"response_format {body.response_format.type!r} is not supported: this server does not "
+                            "constrain decoding to a JSON grammar, so the reply could not be guaranteed to parse; ask "
+                            "for JSON in the prompt and validate it, or send response_format text", param="response_format")
     tools = body.tools if body.tool_choice != "none" else None
     try:
         prompt = encode_chat(call.tokenizer, body.messages, tools)

@@ -4,7 +4,8 @@ extensions. Responses are plain dicts built in ``rlvr/serve/responses.py``.
 Fields OpenAI defines that are not listed here (``frequency_penalty``, ``logit_bias``, ...) are
 ignored. Limits: ``top_logprobs`` (chat) and ``logprobs`` (completions) take 0 only: the server
 returns the sampled token's log-prob, never alternatives; ``tool_choice`` is ``auto`` or
-``none``.
+``none``; ``response_format`` is ``text`` only (a JSON format is refused with a 400, never
+answered with unconstrained text).
 
 rlvr extensions (send them in the JSON body; with the ``openai`` client, ``extra_body``):
 - ``return_token_ids: true``: the response carries the prompt's token ids (``prompt_token_ids``:
@@ -101,8 +102,16 @@ class _Sampling(_Body):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
 
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict | None = None
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
+    response_format: ResponseFormat | None = None
+    """``text`` only: structured output (``json_object``, ``json_schema``) would need decoding
+    constrained to a grammar, which is not built; such a request gets a 400 naming the field."""
     max_completion_tokens: int | None = Field(None, ge=0)
     tools: list[ToolDef] | None = None
     tool_choice: Literal["auto", "none"] | None = None
