@@ -311,6 +311,41 @@ def test_unknown_model_bad_json_and_openai_client_errors(server):
 
 
 
+def test_top_logprobs_are_the_policys_most_likely_tokens(server, model_and_tok):
+    """Chat ``top_logprobs`` and completions ``logprobs: N``: at each generated position the N most
+    likely tokens under the plain policy, most likely first, as a forward pass of the model gives them."""
+    model, tok = model_and_tok
+    kw = {"model": "tiny", "messages": QUESTION, "temperature": 0, "max_tokens": 6, "logprobs": True,
+          "top_logprobs": 3, "extra_body": {"return_token_ids": True}}
+    r = server.client.chat.completions.create(**kw)
+    prompt, gen = r.model_extra["prompt_token_ids"], r.choices[0].model_extra["token_ids"]
+    with torch.no_grad():
+        ref = model(torch.tensor([prompt + gen])).logits[0].float().log_softmax(-1)
+    items = r.choices[0].logprobs.content
+    assert len(items) == len(gen)
+    for j, item in enumerate(items):
+        values, ids = ref[len(prompt) - 1 + j].topk(3)
+        assert [a.logprob for a in item.top_logprobs] == pytest.approx(values.tolist(), abs=1e-4)
+        assert [a.token for a in item.top_logprobs] == [tok.decode([t]) for t in ids.tolist()]
+        assert item.top_logprobs[0].token == item.token  # greedy: the sampled token is the most likely
+    # streamed: the same alternatives, chunk by chunk
+    chunks = list(server.client.chat.completions.create(**kw, stream=True))
+    streamed = [a for c in chunks if c.choices and c.choices[0].logprobs for a in c.choices[0].logprobs.content]
+    assert [[x.logprob for x in a.top_logprobs] for a in streamed] == [[x.logprob for x in a.top_logprobs]
+                                                                       for a in items]
+    # completions: logprobs N gives {token text: log-prob} of the N most likely per position
+    c = server.client.completions.create(model="tiny", prompt="1+2=", max_tokens=4, temperature=0, logprobs=2)
+    lp = c.choices[0].logprobs
+    assert len(lp.top_logprobs) == len(lp.tokens) and all(len(d) <= 2 for d in lp.top_logprobs)
+    assert all(d[t] == pytest.approx(x, abs=1e-6) for d, t, x in zip(lp.top_logprobs, lp.tokens, lp.token_logprobs))
+    # refused: alternatives without logprobs, more than 20
+    for bad, param in (({"logprobs": False, "top_logprobs": 2}, "top_logprobs"),
+                       ({"logprobs": True, "top_logprobs": 21}, "top_logprobs")):
+        with pytest.raises(openai.BadRequestError) as e:
+            server.client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=2, **bad)
+        assert param in json.dumps(e.value.body)
+
+
 def test_structured_output_is_refused_not_answered_with_free_text(server):
     """A JSON response_format would need constrained decoding, which is not built: a 400 naming the
     field (never a 200 with text that may not parse); ``text`` is served."""

@@ -7,6 +7,7 @@ fewer prompt tokens prefilled, the cache cleared and the int8 copy rebuilt on a 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from fast_models import DRAFT, PAD, TARGET, arith_tokenizer, noisy_model
@@ -260,3 +261,26 @@ def test_ngram_draft_greedy_tokens_are_the_targets(tok, target):
         engine.close()
     with pytest.raises(ValueError, match="ngram"):
         FastEngine(target, tok, draft="bigram")
+
+
+def test_the_speculative_engine_refuses_alternatives_by_name(tok, target, draft):
+    """``--fast --draft`` samples through speculation, with no per-step top-k: a request for
+    alternatives gets a 400 naming the field; the continuous batcher serves them."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from rlvr.serve.app import create_app
+    from rlvr.serve.batcher import Batcher
+
+    prompt = tok.decode(system_prompts(tok)[0])
+    for engine, served in ((FastEngine(target, tok, draft=draft, spec_tokens=3), False),
+                           (Batcher(target, tok, max_batch=2), True)):
+        with TestClient(create_app(lambda engine=engine: (engine, tok), model_name="m")) as client:
+            while client.get("/health").status_code != 200:
+                time.sleep(0.02)
+            r = client.post("/v1/completions", json={"model": "m", "prompt": prompt, "max_tokens": 3, "logprobs": 2})
+            assert r.status_code == (200 if served else 400), r.text
+            if not served:
+                assert r.json()["error"]["param"] == "logprobs"
+            r = client.post("/v1/completions", json={"model": "m", "prompt": prompt, "max_tokens": 3, "logprobs": 0})
+            assert r.status_code == 200

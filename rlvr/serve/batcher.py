@@ -57,7 +57,7 @@ from rlvr.rollout.engine import model_stop_ids
 from rlvr.rollout.prefix_cache import PrefixCache
 from rlvr.serve.rows import FastRows, HFRows
 from rlvr.serve.intake import Intake
-from rlvr.serve.sampling import request_generator, sample_rows
+from rlvr.serve.sampling import top_logprobs, request_generator, sample_rows
 from rlvr.serve.types import NotReady, RequestHandle, TokenEvent
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,8 @@ class Batcher(Intake):
     """Continuous batching on rlvr's fast decoder (see the module docstring); with
     ``prefix_cache_bytes`` > 0 a prefix cache of ``prefix_block``-token blocks, with
     ``quantize="int8"`` an int8 copy of the model (the fast mode)."""
+
+    serves_top_logprobs = True
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, max_batch: int = 16, max_waiting: int = 64,
                  max_context: int | None = None, batching: Literal["continuous", "none"] = "continuous",
@@ -239,6 +241,7 @@ class Batcher(Intake):
         reqs = [r.handle.request for r in rows]
         tokens, logprobs = sample_rows(logits, [q.temperature for q in reqs], [q.top_p for q in reqs],
                                        [r.generator for r in rows])
+        tops = top_logprobs(logits, [q.top_logprobs for q in reqs])
         offset = len(self._running) - len(rows)
         finished, last = [], []
         for i, (r, t, lp) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist())):
@@ -246,10 +249,10 @@ class Batcher(Intake):
             r.next_token = t
             reason = self._finish_reason(r, t)
             if reason is None:
-                r.handle.put(TokenEvent(t, lp, None, self._version))
+                r.handle.put(TokenEvent(t, lp, None, self._version, tops[i]))
             else:
                 finished.append(offset + i)
-                last.append((r.handle, TokenEvent(t, lp, reason, self._version)))
+                last.append((r.handle, TokenEvent(t, lp, reason, self._version, tops[i])))
         self.counters["generated_tokens"] += len(rows)
         if finished:
             done = set(finished)

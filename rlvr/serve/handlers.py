@@ -42,12 +42,15 @@ class Choice:
     logprobs: list[float] = field(default_factory=list)
     finish: str | None = None
     versions: list[int] = field(default_factory=list)
+    tops: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
+    """Per generated token, the most likely alternatives asked for (``top_logprobs``)."""
 
     def take(self, ev: TokenEvent) -> str:
         """Record one event; the newly safe text."""
         if ev.token_id is not None:
             self.token_ids.append(ev.token_id)
             self.logprobs.append(ev.logprob)
+            self.tops.append(ev.top)
         if ev.version not in self.versions:
             self.versions.append(ev.version)
         delta = self.text.add(ev.token_id)
@@ -93,8 +96,16 @@ class Call:
 
 
 # -- building and submitting the choices ------------------------------------------------------------
+def _check_top(call: Call, k: int, param: str) -> int:
+    """``k`` alternatives per token, or a 400 naming ``param`` on an engine that cannot give them."""
+    if k and not getattr(call.engine, "serves_top_logprobs", False):
+        raise ApiError(400, f"'{param}' > 0 is not served by this engine (the fast mode's speculative decoding); "
+                            "send 0, or serve without --draft", param=param)
+    return k
+
+
 def _gen_request(call: Call, body, prompt_ids: list[int], i: int, max_tokens: int | None, prompt_param: str,
-                 prompt_logprobs: bool = False) -> GenRequest:
+                 prompt_logprobs: bool = False, top: int = 0) -> GenRequest:
     limit = call.engine.max_context
     if len(prompt_ids) >= limit:
         raise ApiError(400, f"the prompt has {len(prompt_ids)} tokens; the context is {limit}", param=prompt_param,
@@ -109,7 +120,8 @@ def _gen_request(call: Call, body, prompt_ids: list[int], i: int, max_tokens: in
                       top_p=1.0 if body.top_p is None else body.top_p,
                       seed=None if body.seed is None else hash_seed(body.seed, i), stop=body.stop_strings(),
                       stop_token_ids=_stop_ids(call.tokenizer, body),
-                      logprobs=True, prompt_logprobs=prompt_logprobs, request_id=f"{call.endpoint}-{i}")
+                      logprobs=True, prompt_logprobs=prompt_logprobs, top_logprobs=top,
+                      request_id=f"{call.endpoint}-{i}")
 
 
 def _stop_ids(tokenizer, body) -> tuple[int, ...] | None:
@@ -286,8 +298,11 @@ async def chat_completion(call: Call, body: ChatCompletionRequest):
         raise ApiError(400, str(e), param=e.param) from None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    if body.top_logprobs and not body.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    top = _check_top(call, body.top_logprobs or 0, "top_logprobs")
     try:
-        reqs = [_gen_request(call, body, prompt, i, max_tokens, "messages") for i in range(body.n)]
+        reqs = [_gen_request(call, body, prompt, i, max_tokens, "messages", top=top) for i in range(body.n)]
     except ApiError as e:
         e.param = param if e.param == "max_tokens" else e.param
         raise
@@ -323,19 +338,19 @@ def _chat_choice(call: Call, body: ChatCompletionRequest, c: Choice, tools: bool
     if reply and reply.tool_calls:
         message["tool_calls"] = reply.tool_calls
     out = {"index": c.index, "message": message, "finish_reason": _chat_finish(c, reply.tool_calls if reply else []),
-           "logprobs": {"content": _chat_logprobs(call, c.token_ids, c.logprobs)} if body.logprobs else None,
+           "logprobs": {"content": _chat_logprobs(call, c.token_ids, c.logprobs, c.tops)} if body.logprobs else None,
            **c.filtered()}
     if body.return_token_ids:
         out["token_ids"] = c.token_ids
     return out
 
 
-def _chat_logprobs(call: Call, ids: list[int], lps: list[float]) -> list[dict]:
-    out = []
-    for t, lp in zip(ids, lps):
+def _chat_logprobs(call: Call, ids: list[int], lps: list[float], tops: list[tuple]) -> list[dict]:
+    def entry(t: int, lp: float) -> dict:
         s = _token_text(call.tokenizer, t)
-        out.append({"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": []})
-    return out
+        return {"token": s, "logprob": lp, "bytes": list(s.encode())}
+
+    return [{**entry(t, lp), "top_logprobs": [entry(a, alp) for a, alp in top]} for t, lp, top in zip(ids, lps, tops)]
 
 
 async def _chat_chunks(call: Call, body: ChatCompletionRequest, choices: list[Choice], head: dict,
@@ -354,7 +369,7 @@ async def _chat_chunks(call: Call, body: ChatCompletionRequest, choices: list[Ch
         delta = c.take(ev)
         lps = None
         if body.logprobs and len(c.token_ids) > before:
-            lps = {"content": _chat_logprobs(call, c.token_ids[before:], c.logprobs[before:])}
+            lps = {"content": _chat_logprobs(call, c.token_ids[before:], c.logprobs[before:], c.tops[before:])}
         ids = {"token_ids": c.token_ids[before:]} if body.return_token_ids else {}
         if ev.finish_reason is None:
             if delta or lps or ids:
@@ -399,7 +414,8 @@ async def completion(call: Call, body: CompletionRequest):
             raise ApiError(400, "a prompt has no tokens", param="prompt")
     want_lp = body.logprobs is not None
     call.refuse_token_output(logprobs=want_lp, return_token_ids=body.return_token_ids, echo=body.echo)
-    reqs = [_gen_request(call, body, p, k * body.n + i, body.max_tokens, "prompt", body.echo and want_lp)
+    top = _check_top(call, body.logprobs or 0, "logprobs")
+    reqs = [_gen_request(call, body, p, k * body.n + i, body.max_tokens, "prompt", body.echo and want_lp, top)
             for k, p in enumerate(prompts) for i in range(body.n)]
     choices = [Choice(j, r.prompt_ids, h, TextStream(call.tokenizer, r.stop, content=call.content))
                for j, (r, h) in enumerate(zip(reqs, submit_all(call.engine, reqs)))]
@@ -416,25 +432,31 @@ async def completion(call: Call, body: CompletionRequest):
             "choices": [_completion_choice(call, body, c) for c in choices], "usage": _usage(n_prompt, choices)}
 
 
-def _completion_logprobs(call: Call, ids: list[int], lps: list, offset: int) -> dict:
+def _completion_logprobs(call: Call, ids: list[int], lps: list, offset: int, tops: list | None = None) -> dict:
+    """OpenAI's completions log-probs; ``tops`` (with ``logprobs`` > 0): per token the alternatives
+    as ``{text: log-prob}`` (None at echoed prompt positions)."""
     tokens = [_token_text(call.tokenizer, t) for t in ids]
     offsets, at = [], offset
     for s in tokens:
         offsets.append(at)
         at += len(s)
-    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": None, "text_offset": offsets}
+    top = None if tops is None else [None if t is None else {_token_text(call.tokenizer, a): lp for a, lp in t}
+                                     for t in tops]
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": top, "text_offset": offsets}
 
 
 def _completion_choice(call: Call, body: CompletionRequest, c: Choice) -> dict:
     text = c.text.text()
-    ids, lps = c.token_ids, list(c.logprobs)
+    ids, lps, tops = c.token_ids, list(c.logprobs), list(c.tops)
     if body.echo:
         prompt_text = call.tokenizer.decode(c.prompt_ids, skip_special_tokens=False)
         text = prompt_text + text
         if c.handle.prompt_logprobs is not None:
             ids, lps = c.prompt_ids + ids, [None, *c.handle.prompt_logprobs[1:]] + lps
+            tops = [None] * len(c.prompt_ids) + tops
     out = {"index": c.index, "text": text, "finish_reason": c.finish,
-           "logprobs": _completion_logprobs(call, ids, lps, 0) if body.logprobs is not None else None,
+           "logprobs": _completion_logprobs(call, ids, lps, 0, tops if body.logprobs else None)
+           if body.logprobs is not None else None,
            **c.filtered()}
     if body.return_token_ids:
         out["prompt_token_ids"], out["token_ids"] = c.prompt_ids, c.token_ids
@@ -454,7 +476,8 @@ async def _completion_chunks(call: Call, body: CompletionRequest, choices: list[
         if not (delta or new or ev.finish_reason):
             continue
         choice = {"index": c.index, "text": delta, "finish_reason": c.finish if ev.finish_reason else None,
-                  "logprobs": _completion_logprobs(call, new, c.logprobs[before:], 0) if body.logprobs is not None else None,
+                  "logprobs": _completion_logprobs(call, new, c.logprobs[before:], 0, c.tops[before:] if body.logprobs else None)
+                  if body.logprobs is not None else None,
                   **(c.filtered() if ev.finish_reason else {})}
         if body.return_token_ids:
             choice["token_ids"] = new

@@ -2,9 +2,9 @@
 extensions. Responses are plain dicts built in ``rlvr/serve/responses.py``.
 
 Fields OpenAI defines that are not listed here (``frequency_penalty``, ``logit_bias``, ...) are
-ignored. Limits: ``top_logprobs`` (chat) and ``logprobs`` (completions) take 0 only: the server
-returns the sampled token's log-prob, never alternatives; ``tool_choice`` is ``auto`` or
-``none``; ``response_format`` is ``text`` only (a JSON format is refused with a 400, never
+ignored. Limits: ``top_logprobs`` (chat, with ``logprobs: true``) and ``logprobs``
+(completions) take 0 to 20 alternatives per generated token (the fast mode's speculative engine:
+0 only); ``tool_choice`` is ``auto`` or ``none``; ``response_format`` is ``text`` only (a JSON format is refused with a 400, never
 answered with unconstrained text).
 
 rlvr extensions (send them in the JSON body; with the ``openai`` client, ``extra_body``):
@@ -22,6 +22,10 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+TOP_LOGPROBS = 20
+"""Most alternatives a request may ask for per token (``top_logprobs``; ``logprobs`` of completions)."""
 
 
 class _Body(BaseModel):
@@ -116,13 +120,13 @@ class ChatCompletionRequest(_Sampling):
     tools: list[ToolDef] | None = None
     tool_choice: Literal["auto", "none"] | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=0)
+    top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS)
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=0)
-    logprobs: int | None = Field(None, ge=0, le=0)
+    logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS)
     echo: bool = False
 
     @field_validator("prompt")

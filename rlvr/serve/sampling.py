@@ -46,3 +46,18 @@ def sample_rows(logits: torch.Tensor, temperature: Sequence[float], top_p: Seque
         drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
         tokens = tokens.index_copy(0, idx, drawn)
     return tokens, token_logprob(logits, tokens)
+
+
+def top_logprobs(logits: torch.Tensor, k: Sequence[int]) -> list[tuple[tuple[int, float], ...]]:
+    """Per row of ``logits`` [B, V], its ``k[row]`` most likely ``(token id, log-prob)`` under the
+    plain policy (temperature 1, no top-p), most likely first; ``()`` where ``k`` is 0. One
+    log-softmax and one top-k over the rows that ask."""
+    out: list[tuple[tuple[int, float], ...]] = [()] * len(k)
+    asking = [i for i, n in enumerate(k) if n > 0]
+    if not asking:
+        return out
+    idx = torch.tensor(asking, device=logits.device)
+    values, ids = logits.index_select(0, idx).float().log_softmax(dim=-1).topk(max(k[i] for i in asking), dim=-1)
+    for row, i in enumerate(asking):
+        out[i] = tuple(zip(ids[row, :k[i]].tolist(), values[row, :k[i]].tolist()))
+    return out

@@ -55,6 +55,9 @@ class GenRequest:
     delivered; the HTTP layer trims the text)."""
     logprobs: bool = False
     """Whether the caller wants log-probs (engines may always fill them; it is a hint)."""
+    top_logprobs: int = 0
+    """Also the log-probs of the ``top_logprobs`` most likely tokens at each step (``TokenEvent.top``),
+    on an engine whose ``serves_top_logprobs`` is true."""
     prompt_logprobs: bool = False
     """Also score the prompt: the engine sets ``RequestHandle.prompt_logprobs`` (``log pi`` of each
     prompt token given the ones before it; the first token gets 0.0) before the first event
@@ -78,6 +81,9 @@ class TokenEvent:
     finish_reason: FinishReason | None = None
     version: int = 0
     """The weights version that produced this token."""
+    top: tuple[tuple[int, float], ...] = ()
+    """``(token id, log-prob)`` of the most likely tokens at this step, most likely first, under the
+    same plain policy as ``logprob`` (``GenRequest.top_logprobs`` of them; empty when not asked)."""
 
 
 class RequestHandle:
