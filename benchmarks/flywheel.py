@@ -4,12 +4,13 @@ own held-out questions better; then a cycle on sabotaged feedback, refused by th
 
 The users' questions: "How many legs does Zor have? Zor is a bird." (bird 2, dog 4, ant 6, spider
 8; names drawn at random, the held-out names disjoint from the asked ones). The served prior is a
-tiny Llama fitted for a few seconds to answer any such question with one of the four counts,
-uniformly, so it is right about a quarter of the time; the users' hidden checker rates a right
-answer up and corrects a wrong one. The sabotaged round re-labels every response with a wrong
+tiny Llama (hidden 64) fitted for a few seconds on 16 questions to answer with the right count 2
+times in 7 and one fixed wrong count 3 times in 7 (``PRIOR_MIX``): sampled, it is right now and
+then; greedy, it is wrong. The users ask at temperature 1, and their hidden checker rates a right
+answer up and corrects a wrong one. The sabotaged round re-labels every response with the wrong
 count (a compromised labeller), so the second candidate learns wrong answers.
 
-    python benchmarks/flywheel.py [--questions 96] [--steps 30] [--json PATH]
+    python benchmarks/flywheel.py [--questions 96] [--heldout 48] [--steps 60] [--lr 1e-3] [--json PATH]
 
 ``tests/test_flywheel_e2e.py`` runs the same scenario, smaller.
 """
