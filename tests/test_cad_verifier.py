@@ -110,7 +110,11 @@ def test_hostile_programs_and_meshes_fail_cleanly(sandbox):
         "two blocks": (program("box(1, 1, 1)") + "\n" + program("box(1, 1, 1)"), "no_code"),
     }
     verdicts = check_all([(t, c) for c, _ in cases.values()])
-    assert {n: v.reason for n, v in zip(cases, verdicts)} == {n: r for n, (_, r) in cases.items()}
+    reasons = {n: v.reason for n, v in zip(cases, verdicts)}
+    # the memory bomb meets the memory cap while it builds, or, on a loaded machine (tests in
+    # parallel), the wall limit first: either way a clean failure of its own kind
+    assert reasons.pop("memory bomb") in ("runtime_error", "timeout")
+    assert reasons == {n: r for n, (_, r) in cases.items() if n != "memory bomb"}
     assert not any(v.passed for v in verdicts)
 
 
