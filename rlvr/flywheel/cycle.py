@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.atomic import write_text_atomic
-from rlvr.config import check_range, from_dict
+from rlvr.config import check_range, from_dict, resolve_device
 from rlvr.errors import ConfigError, UserError
 from rlvr.flywheel.harvest import HarvestConfig, harvest, load_criteria
 from rlvr.flywheel.server import push_weights, served
@@ -219,7 +219,7 @@ def _evaluate(cfg: FlywheelConfig, path: Path, models: dict[str, str]) -> dict[s
                 from rlvr.sandbox.config import shared_sandbox
 
                 shared_sandbox()
-            model, tokenizer = load_model_and_tokenizer(model_dir, device=ecfg.device if ecfg.device != "auto" else "cpu")
+            model, tokenizer = load_model_and_tokenizer(model_dir, device=resolve_device("eval.device", ecfg.device))
             for name in todo:
                 if name in suites:
                     tasks, record = suites[name]
