@@ -536,6 +536,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rlvr.flywheel.commands import add_parser as add_flywheel_parser
 
     add_flywheel_parser(sub)  # rlvr flywheel harvest|cycle|rollback
+    from rlvr.rm.commands import add_parser as add_rm_parser
+
+    add_rm_parser(sub, _config_args)  # rlvr rm train|steps
     p = sub.add_parser("sandbox", help="sandbox self-test (attack suite), benchmark, or info")
     p.add_argument("action", choices=["check", "bench", "info"])
     p.add_argument("--allow-weak", action="store_true", help="check: run even on the weak backend")

@@ -31,6 +31,7 @@ from rlvr.config import coerce, check_range
 from rlvr.content_filter import check_rule_names, scan
 from rlvr.errors import ConfigError
 from rlvr.lint import lint_scores
+from rlvr.reward_sources.config import SourceConfig, parse_sources, source_names
 from rlvr.types import Scored, Task, Trajectory, Verdict
 
 
@@ -70,11 +71,22 @@ class RewardConfig:
     """The content rules of that penalty; empty: every registered one."""
     domains: dict[str, dict] = field(default_factory=dict)
     """Per-domain overrides of the fields above, e.g. {code.gen: {process_weight: 0.05}}."""
+    sources: list[SourceConfig | dict] = field(default_factory=list)
+    """Reward sources beside the verifier, each weighted (``rlvr.reward_sources.config``): reward
+    models, process reward models, LLM judges, Python callables; a ``verifier`` entry sets the
+    verifier's own weight (0: logged as the gold score, not trained on). Empty: the verifier alone."""
+    gold: str = "verifier"
+    """The source whose score the over-optimisation watch holds the others against
+    (``rollout/score/gold`` vs ``rollout/score/proxy``, ``monitor.overoptimization``)."""
 
     def __post_init__(self) -> None:
         _check_ranges(vars(self), "reward")
         check_rule_names("reward.content_rules", self.content_rules)
         self.domains = _flatten_domains(self.domains)
+        self.sources = parse_sources(self.sources)
+        if self.sources and self.gold not in ["verifier", *source_names(self.sources)]:
+            raise ConfigError(f"config key 'reward.gold' must name a source: verifier or one of "
+                              f"{', '.join(source_names(self.sources))}; got {self.gold!r}")
         for domain in self.domains:
             self.for_domain(domain)  # validate every override now, not at the first batch
 
@@ -85,7 +97,7 @@ class RewardConfig:
             return self
         prefix = f"reward.domains.{domain}"
         hints = get_type_hints(RewardConfig)
-        allowed = [f.name for f in dataclasses.fields(RewardConfig) if f.name != "domains"]
+        allowed = [f.name for f in dataclasses.fields(RewardConfig) if f.name not in ("domains", "sources", "gold")]
         values = {}
         for key, value in overrides.items():
             if key not in allowed:
@@ -93,7 +105,7 @@ class RewardConfig:
                                   f"'{prefix}': {', '.join(sorted(allowed))}")
             values[key] = coerce(f"{prefix}.{key}", value, hints[key])
         _check_ranges(values, prefix)
-        return dataclasses.replace(self, domains={}, **values)
+        return dataclasses.replace(self, domains={}, sources=list(self.sources), **values)
 
 
 _RANGES = {"overlong_buffer": 0, "format_weight": 0.0, "length_penalty": 0.0, "length_target": 0,

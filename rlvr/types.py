@@ -186,13 +186,16 @@ class Verdict:
 @dataclass(frozen=True)
 class Scored:
     """A trajectory with the task it answered, its verdict, scalar reward and the named reward
-    terms that sum to it."""
+    terms that sum to it; ``scores``: each reward source's unweighted score (``reward.sources``;
+    a source of weight 0 is here and in no term), with ``proxy`` and ``gold`` for the
+    over-optimisation watch."""
 
     task: Task
     trajectory: Trajectory
     verdict: Verdict
     reward: float
     terms: dict[str, float] = field(default_factory=dict)
+    scores: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(dataclasses.asdict(self))

@@ -226,14 +226,18 @@ def prune_checkpoints(run_dir: str | Path, keep: int) -> list[Path]:
     return removed
 
 
-def save_model_dir(directory: str | Path, model: Any, tokenizer: Any) -> Path:
-    """``save_pretrained`` model and tokenizer into ``directory`` atomically, replacing it if present."""
+def save_model_dir(directory: str | Path, model: Any, tokenizer: Any,
+                   extra: Callable[[Path], None] | None = None) -> Path:
+    """``save_pretrained`` model and tokenizer into ``directory`` atomically, replacing it if present;
+    ``extra`` writes more into it before it is published (a reward model's head)."""
     final = Path(directory)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f"{_TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
         _save_hf(tmp, model, tokenizer)
+        if extra is not None:
+            extra(tmp)
         _publish(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

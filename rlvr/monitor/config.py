@@ -281,6 +281,32 @@ class DomainPassVsEvalConfig(StepDetectorConfig):
         self.check_ranges(min_gap=(0.0, 1.0), train_window=(1, None))
 
 
+@dataclass
+class OveroptimizationConfig(StepDetectorConfig):
+    NAME: ClassVar[str] = "overoptimization"
+    window: int = 5
+    """Steps in the moving means of the proxy and the gold score."""
+    min_rise: float = 0.1
+    """Rise of the proxy's moving mean since the gold's peak that counts."""
+    min_drop: float = 0.1
+    """Fall of the gold's moving mean from its peak that counts."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_ranges(window=(1, None), min_rise=(0.0, None), min_drop=(0.0, None))
+
+
+@dataclass
+class RewardSourceFailureConfig(StepDetectorConfig):
+    NAME: ClassVar[str] = "reward_source_failure"
+    max_rate: float = 0.0
+    """Share of a step's samples a reward source may fail to score (scored 0) before an alert."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_ranges(max_rate=(0.0, 1.0))
+
+
 # --------------------------------------------------------------------------- the section
 
 
@@ -319,6 +345,10 @@ class MonitorConfig:
     """A non-finite loss, gradient norm or other train metric (stop: before the optimizer step)."""
     domain_pass_vs_eval: DomainPassVsEvalConfig = field(default_factory=DomainPassVsEvalConfig)
     """A domain's train pass rate rising far faster than its eval."""
+    overoptimization: OveroptimizationConfig = field(default_factory=OveroptimizationConfig)
+    """The trained-on reward (rollout/score/proxy) rising while the gold score falls (reward.sources)."""
+    reward_source_failure: RewardSourceFailureConfig = field(default_factory=RewardSourceFailureConfig)
+    """A reward source (a judge) failing to score samples, which were scored 0 (on_failure: zero)."""
     push: PushConfig = field(default_factory=PushConfig)
     """Where alerts are pushed as they happen (a webhook; rlvr.monitor.push): nowhere by default."""
     rearm_steps: int = 20

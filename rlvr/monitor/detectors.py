@@ -502,6 +502,46 @@ def entropy_collapse(history: list[dict], cfg) -> list[Finding]:
     return []
 
 
+def moving(values: list[tuple[int, float]], window: int) -> list[tuple[int, float]]:
+    """``(step, mean of the window ending there)`` from the first full window on."""
+    return [(values[i][0], statistics.fmean(v for _, v in values[i - window + 1: i + 1]))
+            for i in range(window - 1, len(values))]
+
+
+@detector("overoptimization", "step", "critical",
+          "rollout/score/proxy (the trained-on learned reward) up by min_rise since the peak of "
+          "rollout/score/gold (the held-out gold score) while gold fell min_drop from it; moving means over window")
+def overoptimization(history: list[dict], cfg) -> list[Finding]:
+    if not history or "rollout/score/gold" not in history[-1]:
+        return []
+    gold = moving(series(history, "rollout/score/gold"), cfg.window)
+    proxy = dict(moving(series(history, "rollout/score/proxy"), cfg.window))
+    if len(gold) < 2:
+        return []
+    peak_step, peak = max(gold, key=lambda sv: sv[1])
+    now_step, now = gold[-1]
+    if peak_step not in proxy or now_step not in proxy:
+        return []
+    rise, drop = proxy[now_step] - proxy[peak_step], peak - now
+    if rise >= cfg.min_rise and drop >= cfg.min_drop:
+        kl = history[-1].get("train/kl")
+        return [Finding({"gold_peak_step": peak_step, "gold": [_r(peak), _r(now)],
+                         "proxy": [_r(proxy[peak_step]), _r(proxy[now_step])], "window": cfg.window,
+                         "sqrt_kl": None if not isinstance(kl, (int, float)) else _r(math.sqrt(max(kl, 0.0)))})]
+    return []
+
+
+@detector("reward_source_failure", "step", "warning",
+          "a reward source (a judge with on_failure: zero) failed to score more than max_rate of the step's "
+          "samples (rollout/score/<name>_failed); those were scored 0")
+def reward_source_failure(history: list[dict], cfg) -> list[Finding]:
+    row = history[-1] if history else {}
+    return [Finding({"source": k.removeprefix("rollout/score/").removesuffix("_failed"), "failed_rate": _r(v),
+                     "max_rate": cfg.max_rate})
+            for k, v in sorted(row.items()) if k.startswith("rollout/score/") and k.endswith("_failed")
+            and isinstance(v, float) and v > cfg.max_rate]
+
+
 def blowup(history: list[dict], key: str, cfg) -> list[Finding]:
     """``key`` above ``cfg.max_value``, or above ``cfg.factor`` x its median over the window before
     and above ``cfg.floor`` (``BlowupConfig``)."""

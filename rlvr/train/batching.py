@@ -5,6 +5,7 @@ Every trainer builds its tensors here so padding, masks and alignment are define
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -37,3 +38,12 @@ def select(batch: Batch, rows: torch.Tensor) -> Batch:
         ref_logprobs=cut(batch.ref_logprobs),
         is_weights=cut(batch.is_weights), stale=None if batch.stale is None else batch.stale[rows],
     )
+
+
+def batch_indices(step: int, n: int, batch_size: int, seed: int) -> list[int]:
+    """The example indices of ``step`` (1-based): consecutive slices of a per-epoch permutation seeded by
+    (seed, epoch), so the order is a pure function of the step (exact resume)."""
+    per_epoch = math.ceil(n / batch_size)
+    epoch, slot = divmod(step - 1, per_epoch)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist()
+    return order[slot * batch_size: (slot + 1) * batch_size]

@@ -40,6 +40,7 @@ from rlvr.monitor.metrics import MetricsLogger
 from rlvr.monitor.trackers import TrackerConfig, open_trackers
 from rlvr.tasks.pairs import PairFileConfig, PreferencePair, as_pair_file_config, load_pairs
 from rlvr.train.allocator import keep_freed_memory
+from rlvr.train.batching import batch_indices
 from rlvr.train.common import (OptimConfig, build_optimizer, clip_and_step, prepare_run_dir, restore_training_state,
                                seed_everything, training_state)
 from rlvr.train.packing import packed_logprobs
@@ -197,15 +198,6 @@ def _logps_of(model, rows: list[PairIds], pad_token_id: int, batch_size: int) ->
             c, r, _, _ = response_logps(model, rows[i: i + batch_size], pad_token_id)
             out[i: i + len(c), 0], out[i: i + len(c), 1] = c.cpu(), r.cpu()
     return out
-
-
-def batch_indices(step: int, n: int, batch_size: int, seed: int) -> list[int]:
-    """The pairs of ``step`` (1-based): consecutive slices of a per-epoch permutation seeded by
-    (seed, epoch), so the order is a pure function of the step (exact resume)."""
-    per_epoch = math.ceil(n / batch_size)
-    epoch, slot = divmod(step - 1, per_epoch)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist()
-    return order[slot * batch_size: (slot + 1) * batch_size]
 
 
 def encoded_pairs(cfg: DPOConfig, model, tokenizer) -> tuple[list, int]:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rlvr.faults import fault_point
+from rlvr.reward_sources.base import apply_sources
 from rlvr.rewards import score_all
 from rlvr.rollout.async_rollout import AsyncRollout, parity_kl
 from rlvr.rollout.engine import SamplingParams
@@ -170,8 +171,10 @@ def mismatch_metric(run: Run, batch: RolloutBatch, train_metrics: dict, cfg: GRP
 
 
 def verify_and_reward(tasks: list[Task], episodes: list[Episode], cfg: GRPOConfig) -> list[Scored]:
-    """The verify phase: each episode's verdict (``judge``) and its reward terms (``score_all``)."""
+    """The verify phase: each episode's verdict (``judge``), its reward terms (``score_all``) and
+    those of the run's other reward sources (``apply_sources``: reward models, judges, callables)."""
     fault_point("verify")
     trajectories = [ep.trajectory for ep in episodes]
     matched = [tasks[traj.group_id] for traj in trajectories]
-    return score_all(matched, judge(tasks, episodes), trajectories, cfg.reward, cfg.rollout.max_new_tokens)
+    scored = score_all(matched, judge(tasks, episodes), trajectories, cfg.reward, cfg.rollout.max_new_tokens)
+    return apply_sources(scored, cfg.reward)

@@ -1,4 +1,4 @@
-"""A step's rollout metrics: reward, pass rate, length, truncation, entropy, per domain and term."""
+"""A step's rollout metrics: reward, pass rate, length, truncation, entropy, per domain, term and reward source."""
 
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ def rollout_metrics(scored: list[Scored], kept: list[Scored]) -> dict:
             out[f"rollout/finish/{finish}"] = sum(e.finish == finish for e in played) / len(played)
     for term in sorted({t for s in scored for t in s.terms}):
         out[f"rollout/reward_{term}"] = sum(s.terms.get(term, 0.0) for s in scored) / n
+    for name in sorted({k for s in scored for k in s.scores}):
+        values = [s.scores[name] for s in scored if name in s.scores]
+        out[f"rollout/score/{name}"] = sum(values) / len(values)
     by_domain: dict[str, list[bool]] = defaultdict(list)
     for s in scored:
         by_domain[s.task.domain].append(s.verdict.passed)
