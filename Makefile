@@ -11,7 +11,7 @@ BROWSER_PACKAGES := chromium
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup browser demo test test-slow test-all test-compat bench bench-curriculum bench-algorithms bench-trl bench-dpo-trl bench-gpu check-sandbox clean
+.PHONY: setup browser demo test test-slow test-all test-compat bench bench-curriculum bench-algorithms bench-trl bench-dpo-trl bench-rm-trl bench-gpu check-sandbox clean
 
 setup: $(VENV)/.installed
 
@@ -113,6 +113,10 @@ bench-trl: $(TRL_VENV)/.installed
 # Preference losses (sigmoid/cDPO, robust, ipo, simpo) vs TRL's DPOTrainer and CPOTrainer, same ids; exits 1 above 1e-5.
 bench-dpo-trl: $(TRL_VENV)/.installed
 	$(TRL_VENV)/bin/python benchmarks/dpo_vs_trl.py --json runs/bench/dpo_vs_trl.json
+
+# The reward-model loss (Bradley-Terry, margin, centering) vs TRL's RewardTrainer, same ids; exits 1 above 1e-5.
+bench-rm-trl: $(TRL_VENV)/.installed
+	$(TRL_VENV)/bin/python benchmarks/rm_vs_trl.py --json runs/bench/rm_vs_trl.json
 
 # The GPU check of issue 6 (engine + GRPO step on CUDA in bf16, ~150M model). On a GPU machine
 # install a CUDA build of torch: `make bench-gpu TORCH_SPEC=torch` (a fresh venv, or VENV=...).

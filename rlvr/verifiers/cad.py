@@ -31,14 +31,14 @@ boolean backend trimesh would call is the same library. The extra: ``pip install
 from __future__ import annotations
 
 import importlib.util
-import inspect
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pathlib import Path
+
 from rlvr.errors import UserError
 from rlvr.types import Task, Verdict
-from rlvr.verifiers import cad_api
 from rlvr.verifiers.answer import check_keys
 from rlvr.verifiers.base import VERIFIERS, example_task, prepare_all
 from rlvr.verifiers.code import compile_check, defines_top_level, extract_code
@@ -69,6 +69,13 @@ def bar(b: float, threshold: float) -> float:
 
 def _fail(reason: str, details: dict[str, Any], score: float = 0.0) -> Verdict:
     return Verdict(False, score, reason, details)
+
+
+def api_source() -> str:
+    """The source of ``rlvr.verifiers.cad_api``, read as text: it runs in the sandbox only, so the
+    trainer's process never imports it (nor manifold3d, the ``manifold3d`` extra)."""
+    spec = importlib.util.find_spec("rlvr.verifiers.cad_api")
+    return Path(spec.origin).read_text()
 
 
 @dataclass
@@ -150,7 +157,7 @@ class CadVerifier:
         from rlvr.sandbox.types import Job
         from rlvr.verifiers.code import current_sandbox
 
-        api = inspect.getsource(cad_api)
+        api = api_source()
         verdicts, pending = prepare_all(pairs, self._prepare)
         if not pending:
             return verdicts  # type: ignore[return-value]
