@@ -103,8 +103,32 @@ def curves(data: RunData) -> str:
         charts.line_chart("chart-signal", "Learning signal: sampled entropy and within-group reward std",
                           rollout({"rollout/entropy": "entropy", "rollout/group_reward_std": "group reward std"}),
                           note=avg),
+        charts.line_chart("chart-sources", "Reward sources: each one's unweighted score (reward.sources)",
+                          rollout({n: n.removeprefix("rollout/score/") for n in names_with_prefix(m, "rollout/score/")
+                                   if n not in (PROXY, GOLD) and not n.endswith("_failed")}), note=avg),
+        proxy_vs_gold(m, window),
     ]
     return '<div class="charts">' + "".join(f for f in figures if f) + "</div>"
+
+
+PROXY, GOLD = "rollout/score/proxy", "rollout/score/gold"
+
+
+def proxy_vs_gold(m: list[dict], window: int) -> str | None:
+    """The over-optimisation plot (Gao et al.): the trained-on proxy and the held-out gold score
+    against sqrt(KL) from the initial policy (``train/kl``, with a KL reference), else the step."""
+    proxy, gold = charts.smooth(series(m, PROXY), window), charts.smooth(series(m, GOLD), window)
+    if not proxy or not gold:
+        return None
+    kl = dict(charts.smooth(series(m, "train/kl"), window))
+    if kl:
+        at = lambda pts: sorted((max(kl[s], 0.0) ** 0.5, v) for s, v in pts if s in kl)  # noqa: E731
+        proxy, gold, axis = at(proxy), at(gold), "sqrt(KL) from the initial policy"
+    else:
+        axis = "step (no KL reference in this run: set algo.kl_coef > 0 for the sqrt(KL) axis)"
+    return charts.line_chart("chart-overoptimization", f"Proxy vs gold reward against {axis}",
+                             {"proxy (trained on)": proxy, "gold (held out)": gold},
+                             note="proxy rising while gold falls is over-optimisation (monitor.overoptimization)")
 
 
 def evals(data: RunData) -> str:

@@ -68,7 +68,8 @@ class RMConfig:
     pair_files: list[PairFileConfig | str] = field(default_factory=list)
     """outcome: preference pair files (docs/tasks.md, "Preference pairs")."""
     eval_pair_files: list[PairFileConfig | str] = field(default_factory=list)
-    """outcome: held-out pairs; empty: ``eval_fraction`` of ``pair_files`` held out by id hash."""
+    """outcome: held-out pairs; empty: ``eval_fraction`` of ``pair_files`` held out by a hash of the
+    pair's ``task_id`` (``rlvr pairs`` records it; else its id), so one task's pairs stay together."""
     step_files: list[str] = field(default_factory=list)
     """process: step-labelled solution files (JSONL; ``rlvr.rm.process``)."""
     eval_step_files: list[str] = field(default_factory=list)
@@ -154,8 +155,9 @@ def split_pairs(cfg: RMConfig) -> tuple[list[PreferencePair], list[PreferencePai
     pairs = [p for f in cfg.pair_files for p in load_pairs(f)]
     if cfg.eval_pair_files:
         return pairs, [p for f in cfg.eval_pair_files for p in load_pairs(f)]
-    train = [p for p in pairs if not held_out(p.id, cfg.seed, cfg.eval_fraction)]
-    return train, [p for p in pairs if held_out(p.id, cfg.seed, cfg.eval_fraction)]
+    key = lambda p: str(p.meta.get("task_id", p.id))  # noqa: E731  (pairs of one task stay together)
+    train = [p for p in pairs if not held_out(key(p), cfg.seed, cfg.eval_fraction)]
+    return train, [p for p in pairs if held_out(key(p), cfg.seed, cfg.eval_fraction)]
 
 
 def batch_tensors(seqs: list[list[int]], pad_token_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
