@@ -53,6 +53,10 @@ function that raises ``AssertionError`` naming what is wrong:
   has its counters; ``load_weights`` of other weights bumps the version and changes the output;
   ``close`` is idempotent; docs/serve.md names it. The fast engine runs twice: without a draft
   (continuous batching + prefix cache) and with `--draft ngram` (speculative, in waves).
+- ``check_reward_source``: a reward source (``reward.sources``) is a kind of ``SourceConfig``, built
+  from a minimal config of its kind (a tiny reward model, a stub judge, a function file) it gives
+  one finite number or None per sample, the same twice, says whether it can fail, and
+  docs/reward-models.md describes it.
 
 A deliberately broken domain (its reference fails) and environment (it raises on a malformed call),
 registered with ``Registry.temporary``, make the checks fail (tested at the end), and their healthy
@@ -112,6 +116,7 @@ from rlvr.registry import Registry
 from rlvr.sandbox import Sandbox, choose, plaindata
 from rlvr.tasks.base import DOMAINS, SPLITS, Domain, Problem, generate_tasks, overlap
 from rlvr.tool_calls import CALL_PATTERN, format_call
+from rlvr.reward_sources.registry import REWARD_SOURCES
 from rlvr.types import Spec, Task, Verdict
 from rlvr.verifiers.base import VERIFIERS, check_all
 from rlvr.verifiers.code import use_sandbox
@@ -943,7 +948,8 @@ def check_preference_loss(name: str) -> None:
 
 
 CHECKED = [DOMAINS, VERIFIERS, ENVS, ADVANTAGES, POLICY_LOSSES, AGGREGATIONS, KL_ESTIMATORS, PREFERENCE_LOSSES, SUITES,
-           DETECTORS, HACKS, TRACKERS, ROLLOUT_ENGINES, SERVING_ENGINES, STEP_COMPONENTS, CONTENT_RULES]
+           DETECTORS, HACKS, TRACKERS, ROLLOUT_ENGINES, SERVING_ENGINES, STEP_COMPONENTS, CONTENT_RULES,
+           REWARD_SOURCES]
 
 
 def rlvr_registries() -> dict[int, tuple[str, Registry]]:
@@ -1511,3 +1517,53 @@ def test_tools_without_grants_or_outside_them_fail_conformance(sandbox):
             else:
                 with pytest.raises(AssertionError, match=error):
                     check_env_grants(_GrantedSecretEnv.name, sandbox)
+
+
+def reward_source_config(kind: str, tmp: Path, tiny_model_dir: str, judge_url: str):
+    """A minimal ``SourceConfig`` of ``kind``, with what it needs made in ``tmp``."""
+    from rlvr.model.load import load_model_and_tokenizer
+    from rlvr.reward_sources.config import SourceConfig
+    from rlvr.rm.model import RewardMeta, RewardModel, save_reward_model
+
+    if kind in ("reward_model", "process_reward"):
+        model, tok = load_model_and_tokenizer(tiny_model_dir)
+        path = tmp / kind
+        save_reward_model(path, RewardModel(model), model, tok,
+                          RewardMeta(kind="outcome" if kind == "reward_model" else "process", max_length=64))
+        return SourceConfig(kind=kind, path=str(path))
+    if kind == "judge":
+        return SourceConfig(kind=kind, url=judge_url, timeout_s=5.0, retries=0, on_failure="zero")
+    if kind == "python":
+        (tmp / "fns.py").write_text("def f(prompts, completions, **kw):\n    return [len(c) % 3 for c in completions]\n")
+        return SourceConfig(kind=kind, function=f"{tmp / 'fns.py'}:f")
+    raise AssertionError(f"reward source {kind!r}: no minimal config in this check; add one")
+
+
+def check_reward_source(kind: str, tmp: Path, tiny_model_dir: str, judge_url: str) -> None:
+    """See the module docstring (``check_reward_source``)."""
+    from test_reward_sources import scored
+
+    from rlvr.reward_sources.config import KINDS
+
+    assert kind in KINDS, f"reward source {kind!r} is not a reward.sources kind"
+    cfg = reward_source_config(kind, tmp, tiny_model_dir, judge_url)
+    source = REWARD_SOURCES.get(kind)(cfg)
+    assert source.name == cfg.name and isinstance(source.can_fail, bool)
+    batch = scored(["1 + 1 = 2\nAnswer: 2", "Answer: 5", ""], [True, False, False])
+    first, second = source.score(batch), source.score(batch)
+    assert len(first) == len(batch), f"{kind}: {len(first)} scores for {len(batch)} samples"
+    assert all(v is None or (isinstance(v, float) and math.isfinite(v)) for v in first), first
+    assert first == second, f"{kind}: not deterministic"
+    assert None not in first or source.can_fail, f"{kind}: a failed score from a source that cannot fail"
+    assert f"`{kind}`" in (Path(rlvr.__file__).parent.parent / "docs" / "reward-models.md").read_text(), f"docs/reward-models.md does not describe {kind}"
+
+
+@pytest.mark.parametrize("kind", REWARD_SOURCES.names())
+def test_reward_source_conforms(kind, tiny_model_dir, tmp_path):
+    from test_reward_sources import Stub, text_reply
+
+    stub = Stub(text_reply("7"))
+    try:
+        check_reward_source(kind, tmp_path, tiny_model_dir, stub.url)
+    finally:
+        stub.close()
