@@ -109,6 +109,14 @@ class Stub:
             def log_message(self, *a):
                 pass
 
+            def do_GET(self):  # /v1/models: the judge asks which model to name when it has none
+                data = json.dumps({"object": "list", "data": [{"id": "stub-judge", "object": "model"}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with stub.lock:
@@ -161,6 +169,7 @@ def test_judge_parses_a_number_and_maps_the_score_range(monkeypatch):
         batch = scored(["Answer: 2"], [True])
         assert s.score(batch) == [pytest.approx(0.7)]
         assert seen["auth"] == "Bearer s3cret" and seen["body"]["temperature"] == 0.0
+        assert seen["body"]["model"] == "stub-judge"  # no model set: the first one the server lists
         message = seen["body"]["messages"][0]["content"]
         assert message == f"Q: {batch[0].task.prompt[0]['content']}\nA: Answer: 2\nScore 0-10:"
     finally:

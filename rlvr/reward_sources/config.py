@@ -57,7 +57,7 @@ class SourceConfig:
     url: str = ""
     """judge: the server's base URL (``http://host:port``; ``/v1`` is optional)."""
     model: str = ""
-    """judge: the ``model`` field of its requests (empty: the server's default)."""
+    """judge: the ``model`` field of its requests (empty: the first model the server lists at /v1/models)."""
     api_key_env: str = ""
     """judge: the environment variable holding its bearer key (empty: none sent)."""
     rubric: str = ""

@@ -2,8 +2,9 @@
 
 For each sample the judge gets one user message: the rubric with ``{prompt}`` (the task's prompt
 text) and ``{response}`` (the response text) filled in, re-templated by the *judge's* server with
-its own tokenizer and chat template (nothing of the policy's tokenisation is sent). Greedy
-(temperature 0), ``max_tokens`` short. The score is read one of two ways (``parse``):
+its own tokenizer and chat template (nothing of the policy's tokenisation is sent); ``model`` names
+the judge, else the first model the server lists (``GET /v1/models``). Greedy (temperature 0),
+``max_tokens`` short. The score is read one of two ways (``parse``):
 
     number     the first number in the answer; outside [min_score, max_score] it is a failure
     logprobs   the expected score over the digit tokens among the first answer token's
@@ -28,6 +29,7 @@ import math
 import os
 import re
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -92,28 +94,38 @@ class JudgeSource:
         self.pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix=f"judge-{cfg.name}")
         self.rubric = cfg.rubric or DEFAULT_RUBRIC
         self.warned = False
+        self.model = cfg.model
+        self.model_lock = threading.Lock()
+
+    def served_model(self) -> str:
+        """``model``, else the first model the server lists (``GET /v1/models``), asked once."""
+        with self.model_lock:
+            if not self.model:
+                listed = self.client.call("/v1/models").get("data") or []
+                if not listed or not isinstance(listed[0], dict) or not listed[0].get("id"):
+                    raise JudgeFailure("the server lists no model (GET /v1/models); set the source's model")
+                self.model = str(listed[0]["id"])
+            return self.model
 
     def request(self, s: Scored) -> dict:
         prompt, response = response_of(s)
         text = self.rubric.format(prompt=prompt_text(prompt), response=response,
                                   min_score=f"{self.cfg.min_score:g}", max_score=f"{self.cfg.max_score:g}")
-        body = {"messages": [{"role": "user", "content": text}], "max_tokens": self.cfg.max_tokens,
-                "temperature": 0.0}
-        if self.cfg.model:
-            body["model"] = self.cfg.model
+        body = {"model": self.served_model(), "messages": [{"role": "user", "content": text}],
+                "max_tokens": self.cfg.max_tokens, "temperature": 0.0}
         if self.cfg.parse == "logprobs":
             body.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
         return body
 
     def judge_one(self, s: Scored) -> float:
         """One sample's score in [0, 1], trying ``retries`` more times; ``JudgeFailure`` after them."""
-        c, body, wait, cause = self.cfg, self.request(s), 0.5, ""
+        c, wait, cause = self.cfg, 0.5, ""
         for attempt in range(c.retries + 1):
             if attempt:
                 time.sleep(wait)
                 wait *= 2
             try:
-                answer = self.client.call("/v1/chat/completions", body)
+                answer = self.client.call("/v1/chat/completions", self.request(s))
                 choice = (answer.get("choices") or [{}])[0]
                 if c.parse == "logprobs":
                     value = parse_logprobs(choice, int(c.min_score), int(c.max_score))
