@@ -116,7 +116,7 @@ from rlvr.registry import Registry
 from rlvr.sandbox import Sandbox, choose, plaindata
 from rlvr.tasks.base import DOMAINS, SPLITS, Domain, Problem, generate_tasks, overlap
 from rlvr.tool_calls import CALL_PATTERN, format_call
-from rlvr.reward_sources.registry import REWARD_SOURCES
+from rlvr.reward_sources.base import REWARD_SOURCES  # (base imports every kind, registering it)
 from rlvr.types import Spec, Task, Verdict
 from rlvr.verifiers.base import VERIFIERS, check_all
 from rlvr.verifiers.code import use_sandbox
