@@ -208,3 +208,18 @@ def test_process_reward_model_learns_held_out_step_labels(tiny_model_dir, tmp_pa
     good, bad = scorer.step_probs([(tuple(t.prompt), t.reference), (tuple(t.prompt), samples[1][1])])
     assert len(good) == len(bad) == 3
     assert aggregate(good, "min") > aggregate(bad, "min")
+
+
+def test_a_lora_reward_model_trains_adapters_and_saves_a_merged_backbone(tiny_model_dir, tmp_path):
+    pairs = arithmetic_pairs(tmp_path / "pairs.jsonl", n=24)
+    cfg = rm_config(tiny_model_dir, pairs, tmp_path / "rm", epochs=2, lora={"enabled": True, "r": 4},
+                    eval_fraction=0.0)
+    result = run_rm(cfg, progress=False)
+    rows = read_metrics(tmp_path / "rm")
+    assert rows[-1]["train/loss"] < rows[0]["train/loss"], result
+    rm, _, meta = load_reward_model(tmp_path / "rm" / "final")  # a plain HF directory: no adapter files
+    assert not (tmp_path / "rm" / "final" / "adapter_config.json").exists()
+    base = load_model_and_tokenizer(tiny_model_dir)[0].state_dict()
+    merged = rm.backbone.state_dict()
+    changed = [k for k in base if k in merged and not torch.equal(base[k], merged[k])]
+    assert changed and all("proj" in k for k in changed)  # the adapted linear layers, merged in
