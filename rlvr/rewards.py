@@ -15,6 +15,9 @@ Each term is present only when configured, and returned separately so it can be 
 ``rollout/reward_<term>``. ``reward.domains`` overrides any field for one task domain, e.g.
 ``{"code.gen": {"process_weight": 0.05, "fail_reward": 0.0}}``.
 
+Reward models, judges and other weighted sources (``reward.sources``) add their terms after these,
+in the verify phase (``rlvr.reward_sources.base.apply_sources``).
+
 ``score_all`` scores a batch (one ruff call for every program in it); ``score`` one trajectory.
 """
 

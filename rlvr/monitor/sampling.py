@@ -40,6 +40,8 @@ def trajectory_record(step: int, index: int, s: Scored, flags: list[dict], kept:
         record.update(messages=[dict(m) for m in t.messages], info=t.episode.to_dict())
     record.update(finish_reason=t.finish_reason, reward=s.reward, terms=dict(s.terms),
                   verdict=s.verdict.to_dict(), flags=list(flags), kept=kept)
+    if s.scores:  # each reward source's own score (reward.sources): what a proxy paid beside the gold
+        record["scores"] = dict(s.scores)
     return record
 
 
