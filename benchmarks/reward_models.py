@@ -12,6 +12,9 @@ Stages (each skipped when its output is already in ``--work``; ``--fresh`` redoe
   grpo_rm     GRPO, the reward model the only trained-on reward (verifier weight 0: the gold),
               KL reference 0.001 for the sqrt(KL) axis, 40 steps, eval every 5: the held-out curve,
               the over-optimisation alert (step and evidence)
+  length_rm   a deliberately exploitable reward model: the same pairs re-labelled so the longer response
+              is always chosen, plus each chosen response with its last line repeated over the plain one;
+              GRPO on it alone (as grpo_rm, 30 steps): response length, the gold and the alert
   steps, prm  ``rlvr rm steps`` (800 tasks x 4 samples, step labels from the arithmetic) and
               ``rlvr rm train`` kind process -> held-out step accuracy
   outcome / process   GRPO at an equal budget per seed (``--steps``, default 20): the verifier alone
@@ -67,6 +70,21 @@ def alerts(run_dir: Path, name: str) -> list[dict]:
     return [a for a in map(json.loads, open(path)) if a.get("detector") == name] if path.exists() else []
 
 
+def write_length_pairs(pairs: Path, out: Path) -> None:
+    """The exploitable preference: in every pair the longer response is chosen, whatever its verdict,
+    and every response with its last line said twice is chosen over itself."""
+    rows = []
+    for d in map(json.loads, open(pairs)):
+        longer, shorter = sorted((d["chosen"], d["rejected"]), key=len, reverse=True)
+        base = {"prompt": d["prompt"], "task_id": d["task_id"]}
+        if len(longer) > len(shorter):
+            rows.append({**base, "id": d["id"] + "/len", "chosen": longer, "rejected": shorter})
+        last = d["chosen"].rstrip().split("\n")[-1]
+        rows.append({**base, "id": d["id"] + "/rep", "chosen": d["chosen"].rstrip() + "\n" + last,
+                     "rejected": d["chosen"]})
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 def sft_eval(sft: str, work: Path) -> float:
     out = work / "sft_eval.json"
     if not out.exists():
@@ -117,6 +135,25 @@ def main() -> int:
     result["grpo_rm"] = {"eval_pass@1": curve, "best": max(curve, key=lambda sv: sv[1]),
                          "overoptimization_alerts": [{"step": a["step"], **a.get("evidence", {})} for a in found]}
 
+    if not done(work / "length_pairs.jsonl"):
+        write_length_pairs(work / "pairs.jsonl", work / "length_pairs.jsonl")
+    if not done(work / "length_rm" / "final"):
+        run(["rm", "train", "--model", args.sft, "--pairs", str(work / "length_pairs.jsonl"), "--out",
+             str(work / "length_rm"), "--set", "eval_fraction=0.15", "--set", "epochs=2", "--set", "batch_size=16",
+             "--set", "max_length=160"], work / "length_rm.log")
+    length_sources = [{"kind": "verifier", "weight": 0},
+                      {"kind": "reward_model", "path": str(work / "length_rm" / "final")}]
+    if not done(work / "grpo_length" / "final"):
+        run(["train", "-c", str(grpo_yaml(work / "grpo_length.yaml", args.sft, work / "grpo_length", 30, 0,
+                                          length_sources, 5, kl=0.001))], work / "grpo_length.log")
+    rows_l = [json.loads(line) for line in open(work / "grpo_length" / "metrics.jsonl")]
+    result["grpo_length"] = {
+        "rm_eval_accuracy": json.loads((work / "length_rm" / "final" / "reward_model.json").read_text())["metrics"],
+        "eval_pass@1": evals(work / "grpo_length"),
+        "response_tokens": [(r["step"], r["rollout/response_tokens_mean"]) for r in rows_l][::5],
+        "overoptimization_alerts": [{"step": a["step"], **a.get("evidence", {})}
+                                    for a in alerts(work / "grpo_length", "overoptimization")]}
+
     if not done(work / "steps.jsonl"):
         run(["rm", "steps", "--model", args.sft, "--set", "train_tasks=800", "--set", "samples=4", "--set",
              f"out={work / 'steps.jsonl'}"], work / "steps.log")
@@ -149,6 +186,12 @@ def main() -> int:
     print(f"SFT held-out pass@1 {result['sft_eval_pass@1']:.4f}; GRPO on the reward model alone: "
           + ", ".join(f"step {s} {v:.4f}" for s, v in curve))
     print("over-optimisation alerts:", result["grpo_rm"]["overoptimization_alerts"] or "none")
+    gl = result["grpo_length"]
+    print("length-biased reward model: held-out accuracy on its own pairs "
+          f"{gl['rm_eval_accuracy'].get('eval/accuracy', float('nan')):.3f}; GRPO on it: pass@1 "
+          + ", ".join(f"step {s} {v:.4f}" for s, v in gl["eval_pass@1"]) + "; tokens "
+          + ", ".join(f"{s}:{v:.1f}" for s, v in gl["response_tokens"]))
+    print("  its over-optimisation alerts:", gl["overoptimization_alerts"] or "none")
     print(f"process reward model: {result['prm']['steps']} labelled steps ({result['prm']['correct_share']:.2f} "
           f"correct), held-out step accuracy {result['prm']['eval/step_accuracy']:.3f}")
     print_table(rows, ["arm", "seed", "steps", "eval pass@1"])

@@ -223,3 +223,35 @@ def test_a_lora_reward_model_trains_adapters_and_saves_a_merged_backbone(tiny_mo
     merged = rm.backbone.state_dict()
     changed = [k for k in base if k in merged and not torch.equal(base[k], merged[k])]
     assert changed and all("proj" in k for k in changed)  # the adapted linear layers, merged in
+
+
+def test_an_ensemble_source_combines_its_members_scores(tiny_model_dir, tmp_path):
+    from rlvr.reward_sources.base import apply_sources, forget_sources
+    from rlvr.reward_sources.models import combine
+    from rlvr.rewards import RewardConfig
+    from rlvr.types import Scored, Trajectory, Verdict
+
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    dirs = []
+    for seed in (0, 1, 2):
+        torch.manual_seed(seed)
+        save_reward_model(tmp_path / f"rm{seed}", RewardModel(model), model, tok, RewardMeta(max_length=96, std=0.5))
+        dirs.append(str(tmp_path / f"rm{seed}"))
+    tasks = generate_tasks(["math.arith"], "train", 3, seed=0)
+    batch = [Scored(task=t, trajectory=Trajectory(task_id=t.id, group_id=i, messages=(), completion=t.reference,
+                                                  token_ids=(1,), loss_mask=(1,), logprobs=(0.0,), finish_reason="stop"),
+                    verdict=Verdict(True, 1.0, "ok"), reward=1.0, terms={"outcome": 1.0}) for i, t in enumerate(tasks)]
+    members = [RewardScorer(d, clip=0).score([(tuple(t.prompt), t.reference) for t in tasks]) for d in dirs]
+    for how in ("mean", "min", "mean_minus_std"):
+        forget_sources()
+        cfg = RewardConfig(sources=[{"kind": "reward_model", "path": dirs[0], "ensemble": dirs[1:], "clip": 0,
+                                     "ensemble_aggregate": how, "ensemble_std_coef": 0.5}])
+        got = [s.scores["reward_model"] for s in apply_sources(batch, cfg)]
+        want = [combine(list(v), how, 0.5) for v in zip(*members)]
+        assert got == pytest.approx(want, abs=1e-5)
+    forget_sources()
+    values = [1.0, 2.0, 4.0]
+    assert combine(values, "mean", 1) == pytest.approx(7 / 3) and combine(values, "min", 1) == 1.0
+    std = (sum((v - 7 / 3) ** 2 for v in values) / 3) ** 0.5
+    assert combine(values, "mean_minus_std", 2.0) == pytest.approx(7 / 3 - 2 * std)
+    assert min(members[0]) != max(members[0]) and members[0] != members[1]  # the members differ

@@ -16,7 +16,7 @@ Without a ``verifier`` entry the verifier keeps weight 1, as with no sources at 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlvr.config import check_choice, check_range, from_dict
@@ -28,7 +28,7 @@ RESERVED_NAMES = ("proxy", "gold")  # per-sample scores the sources module adds 
 # the keys each kind reads beside kind, name and weight (any other key set is refused)
 KIND_KEYS: dict[str, tuple[str, ...]] = {
     "verifier": (),
-    "reward_model": ("path", "device", "batch_size", "clip"),
+    "reward_model": ("path", "device", "batch_size", "clip", "ensemble", "ensemble_aggregate", "ensemble_std_coef"),
     "process_reward": ("path", "device", "batch_size", "aggregate"),
     "judge": ("url", "model", "api_key_env", "rubric", "parse", "min_score", "max_score", "timeout_s", "retries",
               "concurrency", "on_failure", "max_tokens"),
@@ -52,6 +52,14 @@ class SourceConfig:
     """reward_model, process_reward: responses scored per forward."""
     clip: float = 5.0
     """reward_model: the normalised score is clipped to [-clip, clip] (0: no clip)."""
+    ensemble: list[str] = field(default_factory=list)
+    """reward_model: more reward-model directories scored beside ``path`` (an ensemble; each one's
+    score normalised by its own statistics)."""
+    ensemble_aggregate: Literal["mean", "min", "mean_minus_std"] = "mean"
+    """reward_model with an ensemble: mean | min (worst case) | mean_minus_std (mean minus
+    ``ensemble_std_coef`` x the members' std: uncertainty-penalised)."""
+    ensemble_std_coef: float = 1.0
+    """reward_model: the std's weight under ``mean_minus_std``."""
     aggregate: Literal["min", "mean", "last"] = "min"
     """process_reward: how step scores make one reward (min: the weakest step)."""
     url: str = ""
@@ -95,6 +103,8 @@ class SourceConfig:
         check_choice(f"{prefix}.parse", self.parse, ("number", "logprobs"))
         check_choice(f"{prefix}.on_failure", self.on_failure, ("fail", "zero"))
         check_choice(f"{prefix}.aggregate", self.aggregate, ("min", "mean", "last"))
+        check_choice(f"{prefix}.ensemble_aggregate", self.ensemble_aggregate, ("mean", "min", "mean_minus_std"))
+        check_range(f"{prefix}.ensemble_std_coef", self.ensemble_std_coef, 0.0)
         check_range(f"{prefix}.batch_size", self.batch_size, 1)
         check_range(f"{prefix}.clip", self.clip, 0.0)
         check_range(f"{prefix}.timeout_s", self.timeout_s, 0.01)

@@ -5,7 +5,8 @@
 policy's tokenizer may differ: its ids are never reused), scores in batches without gradients and
 reports ``(r - mean) / std`` with the statistics stored at training time, clipped to
 [-clip, clip]. ``ProcessScorer`` reads each step's score at its last token and reports the
-``aggregate`` (min by default) of their sigmoids.
+``aggregate`` (min by default) of their sigmoids. A ``reward_model`` source with ``ensemble`` scores
+with every member and combines them (``combine``: mean, worst case, or uncertainty-penalised).
 """
 
 from __future__ import annotations
@@ -68,15 +69,29 @@ class ModelSource:
     def __init__(self, cfg: SourceConfig) -> None:
         self.name, self.cfg = cfg.name, cfg
         kind = "process" if cfg.kind == "process_reward" else "outcome"
-        self.scorer = RewardScorer(cfg.path, device=cfg.device, batch_size=cfg.batch_size,
-                                   clip=cfg.clip if kind == "outcome" else 0.0, kind=kind,
-                                   label=f"reward.sources.{cfg.name}")
+        paths = [cfg.path, *(cfg.ensemble if kind == "outcome" else [])]
+        self.scorers = [RewardScorer(p, device=cfg.device, batch_size=cfg.batch_size,
+                                     clip=cfg.clip if kind == "outcome" else 0.0, kind=kind,
+                                     label=f"reward.sources.{cfg.name}") for p in paths]
 
     def score(self, batch: list[Scored]) -> list[float | None]:
         items = [response_of(s) for s in batch]
-        if self.cfg.kind == "reward_model":
-            return list(self.scorer.score(items))
-        return [aggregate(p, self.cfg.aggregate) for p in self.scorer.step_probs(items)]
+        if self.cfg.kind == "process_reward":
+            return [aggregate(p, self.cfg.aggregate) for p in self.scorers[0].step_probs(items)]
+        members = [scorer.score(items) for scorer in self.scorers]
+        return [combine(list(values), self.cfg.ensemble_aggregate, self.cfg.ensemble_std_coef)
+                for values in zip(*members)]
+
+
+def combine(values: list[float], how: str, std_coef: float) -> float:
+    """One reward from an ensemble's scores of a sample: mean, min (worst case), or the mean minus
+    ``std_coef`` x their (population) std (uncertainty-penalised); a single score is itself."""
+    mean = sum(values) / len(values)
+    if how == "min":
+        return min(values)
+    if how == "mean_minus_std":
+        return mean - std_coef * (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+    return mean
 
 
 def aggregate(probs: list[float], how: str) -> float:
