@@ -13,7 +13,7 @@ task's reference, each with a margin (0.1 x its index). Token ids are rlvr's
 (``rlvr.rm.model.encode``: the chat template, the response, EOS) for both sides; TRL batches them
 with its own ``DataCollatorForPreference`` and computes its loss with its own ``compute_loss``
 (the model's pooling: the last token that is not the pad token, which is not the EOS here).
-rlvr: ``rlvr.rm.train.pair_rewards`` (right padding, explicit last-token pooling) and
+rlvr: ``rlvr.train.reward_model.pair_rewards`` (right padding, explicit last-token pooling) and
 ``rlvr.algos.reward_model.bradley_terry``. Rows: plain, with margins, with centering 0.01, both.
 Exits 1 when any |diff| of loss or of the rewards exceeds ``--tol`` (1e-5).
 """
@@ -43,7 +43,7 @@ ROWS = [("plain", False, None), ("margin", True, None), ("center 0.01", False, 0
 def pairs_and_ids(tok, n: int = 8):
     import rlvr.tasks  # noqa: F401
     from rlvr.rm.model import encode
-    from rlvr.rm.train import EncodedPair
+    from rlvr.train.reward_model import EncodedPair
     from rlvr.tasks.base import generate_tasks
 
     tasks = generate_tasks(["math.arith"], "train", n, seed=0)
@@ -69,7 +69,7 @@ def main() -> int:
 
     from rlvr.algos.reward_model import bradley_terry
     from rlvr.rm.model import RewardModel
-    from rlvr.rm.train import pair_rewards
+    from rlvr.train.reward_model import pair_rewards
 
     tok = bench_tokenizer()
     assert tok.pad_token_id != tok.eos_token_id, "the comparison needs a pad token that is not EOS"

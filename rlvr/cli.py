@@ -536,7 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
     from rlvr.flywheel.commands import add_parser as add_flywheel_parser
 
     add_flywheel_parser(sub)  # rlvr flywheel harvest|cycle|rollback
-    from rlvr.rm.commands import add_parser as add_rm_parser
+    from rlvr.train.rm_commands import add_parser as add_rm_parser
 
     add_rm_parser(sub, _config_args)  # rlvr rm train|steps
     p = sub.add_parser("sandbox", help="sandbox self-test (attack suite), benchmark, or info")

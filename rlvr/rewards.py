@@ -34,7 +34,7 @@ from rlvr.config import coerce, check_range
 from rlvr.content_filter import check_rule_names, scan
 from rlvr.errors import ConfigError
 from rlvr.lint import lint_scores
-from rlvr.reward_sources.config import SourceConfig, parse_sources, source_names
+from rlvr.reward_source_config import SourceConfig, parse_sources, source_names
 from rlvr.types import Scored, Task, Trajectory, Verdict
 
 
@@ -75,7 +75,7 @@ class RewardConfig:
     domains: dict[str, dict] = field(default_factory=dict)
     """Per-domain overrides of the fields above, e.g. {code.gen: {process_weight: 0.05}}."""
     sources: list[SourceConfig | dict] = field(default_factory=list)
-    """Reward sources beside the verifier, each weighted (``rlvr.reward_sources.config``): reward
+    """Reward sources beside the verifier, each weighted (``rlvr.reward_source_config``): reward
     models, process reward models, LLM judges, Python callables; a ``verifier`` entry sets the
     verifier's own weight (0: logged as the gold score, not trained on). Empty: the verifier alone."""
     gold: str = "verifier"

@@ -1522,7 +1522,7 @@ def test_tools_without_grants_or_outside_them_fail_conformance(sandbox):
 def reward_source_config(kind: str, tmp: Path, tiny_model_dir: str, judge_url: str):
     """A minimal ``SourceConfig`` of ``kind``, with what it needs made in ``tmp``."""
     from rlvr.model.load import load_model_and_tokenizer
-    from rlvr.reward_sources.config import SourceConfig
+    from rlvr.reward_source_config import SourceConfig
     from rlvr.rm.model import RewardMeta, RewardModel, save_reward_model
 
     if kind in ("reward_model", "process_reward"):
@@ -1543,7 +1543,7 @@ def check_reward_source(kind: str, tmp: Path, tiny_model_dir: str, judge_url: st
     """See the module docstring (``check_reward_source``)."""
     from test_reward_sources import scored
 
-    from rlvr.reward_sources.config import KINDS
+    from rlvr.reward_source_config import KINDS
 
     assert kind in KINDS, f"reward source {kind!r} is not a reward.sources kind"
     cfg = reward_source_config(kind, tmp, tiny_model_dir, judge_url)

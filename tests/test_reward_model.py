@@ -19,7 +19,7 @@ from rlvr.reward_sources.models import RewardScorer
 from rlvr.rm.model import (PaddingError, RewardMeta, RewardModel, encode, last_token_index, load_reward_model,
                            save_reward_model)
 from rlvr.rm.process import equation_value, label_steps, step_rows
-from rlvr.rm.train import RMConfig, run_rm
+from rlvr.train.reward_model import RMConfig, run_rm
 from rlvr.tasks import generate_tasks
 
 

@@ -15,7 +15,7 @@ from rlvr.monitor.config import OveroptimizationConfig, RewardSourceFailureConfi
 from rlvr.monitor.detectors import overoptimization, reward_source_failure
 from rlvr.reward_sources.base import apply_sources, forget_sources
 from rlvr.reward_sources.judge import JudgeSource, parse_logprobs
-from rlvr.reward_sources.config import SourceConfig
+from rlvr.reward_source_config import SourceConfig
 from rlvr.rewards import RewardConfig
 from rlvr.tasks import generate_tasks
 from rlvr.train.step_metrics import rollout_metrics

@@ -1,5 +1,5 @@
 """One reward interface over every source: ``apply_sources`` turns the verifier's scored batch
-into the run's reward under ``reward.sources`` (``rlvr.reward_sources.config``).
+into the run's reward under ``reward.sources`` (``rlvr.reward_source_config``).
 
     REWARD_SOURCES[kind](cfg) -> RewardSource
     RewardSource.score(batch: list[Scored]) -> [float | None]   one score per sample; None: this
@@ -23,15 +23,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from typing import TYPE_CHECKING
+from typing import Any
 
 from rlvr.reward_sources import judge, models, python_fn  # noqa: F401  (each registers its kinds)
-from rlvr.reward_sources.config import SourceConfig
+from rlvr.reward_source_config import SourceConfig
 from rlvr.reward_sources.registry import REWARD_SOURCES, RewardSource
 from rlvr.types import Scored
-
-if TYPE_CHECKING:
-    from rlvr.rewards import RewardConfig
 
 
 _built: dict[str, RewardSource] = {}
@@ -53,8 +50,9 @@ def forget_sources() -> None:
         _built.clear()
 
 
-def apply_sources(scored: list[Scored], cfg: RewardConfig) -> list[Scored]:
-    """``scored`` with the reward of ``cfg.sources`` (module docstring); unchanged without sources."""
+def apply_sources(scored: list[Scored], cfg: Any) -> list[Scored]:
+    """``scored`` with the reward of ``cfg.sources`` (``cfg``: the run's ``rlvr.rewards.RewardConfig``,
+    not imported here: it imports this package's config); unchanged without sources."""
     if not cfg.sources or not scored:
         return scored
     verifier = next((s for s in cfg.sources if s.kind == "verifier"), SourceConfig(kind="verifier"))

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from rlvr.errors import UserError
 from rlvr.http_json import Client, RemoteError
-from rlvr.reward_sources.config import SourceConfig
+from rlvr.reward_source_config import SourceConfig
 from rlvr.reward_sources.registry import REWARD_SOURCES, response_of
 from rlvr.types import Scored
 

@@ -15,11 +15,10 @@ import torch
 
 from rlvr.config import resolve_device
 from rlvr.errors import UserError
-from rlvr.reward_sources.config import SourceConfig
+from rlvr.reward_source_config import SourceConfig
 from rlvr.reward_sources.registry import REWARD_SOURCES, response_of
-from rlvr.rm.model import encode, load_reward_model, step_ends
+from rlvr.rm.model import batch_tensors, encode, load_reward_model, step_ends
 from rlvr.rm.process import steps_of
-from rlvr.rm.train import batch_tensors
 from rlvr.types import Message, Scored
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from rlvr.errors import UserError
-from rlvr.reward_sources.config import SourceConfig
+from rlvr.reward_source_config import SourceConfig
 from rlvr.reward_sources.registry import REWARD_SOURCES
 from rlvr.types import Scored
 from rlvr.verifiers.python_reward import resolve_reward_fn

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from rlvr.registry import Registry
-from rlvr.reward_sources.config import SourceConfig
+from rlvr.reward_source_config import SourceConfig
 from rlvr.types import Scored
 
 

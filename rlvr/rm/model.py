@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 
 from rlvr.errors import UserError
 from rlvr.model.checkpoint import save_model_dir
+from rlvr.model.inputs import pad_right
 from rlvr.model.load import ModelLoadConfig, load_model_and_tokenizer
 from rlvr.model.tokenizer import encode_chat_prompt, encode_completion
 from rlvr.types import Message
@@ -99,6 +100,13 @@ class RewardModel(torch.nn.Module):
         h = self.hidden(input_ids, attention_mask)
         rows = torch.arange(h.shape[0], device=h.device)
         return self.head(h[rows, idx].float()).squeeze(-1)
+
+
+def batch_tensors(seqs: list[list[int]], pad_token_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and attention mask of ``seqs``."""
+    ids = pad_right(seqs, pad_token_id, torch.long).to(device)
+    mask = pad_right([[1] * len(s) for s in seqs], 0, torch.long).to(device)
+    return ids, mask
 
 
 def encode(tokenizer, prompt: tuple[Message, ...] | list[Message], response: str,

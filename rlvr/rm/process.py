@@ -33,9 +33,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlvr.algos.reward_model import step_bce
 from rlvr.errors import UserError
-from rlvr.rm.model import RewardModel, encode, step_ends
+from rlvr.rm.model import RewardModel, batch_tensors, encode, step_ends
 from rlvr.tasks.readers import read_rows
 from rlvr.types import Task
 
@@ -142,56 +141,9 @@ def encode_steps(tokenizer, prompt, steps: list[str], labels: list[int], max_len
 
 def step_scores(rm: RewardModel, batch: list[StepExample], pad_token_id: int, device) -> list[torch.Tensor]:
     """Each example's step logits, one tensor per example."""
-    from rlvr.rm.train import batch_tensors
-
     ids, mask = batch_tensors([e.ids for e in batch], pad_token_id, device)
     scores = rm.token_scores(ids, mask)
     return [scores[i, e.ends] for i, e in enumerate(batch)]
-
-
-def process_job(cfg, tokenizer, device):
-    """The ``Job`` of a process run (``rlvr.rm.train``)."""
-    from rlvr.rm.train import Job, held_out
-
-    if not cfg.step_files:
-        raise UserError("rm: kind process needs step files: --steps FILE (or rm.step_files); `rlvr rm steps` "
-                        "writes them from a model's own solutions")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-
-    def examples(files, keep) -> list[StepExample]:
-        out = []
-        for f in files:
-            for id_, prompt, steps, labels in read_step_file(f):
-                if keep(id_):
-                    e = encode_steps(tokenizer, prompt, steps, labels, cfg.max_length, f"{f}:{id_}")
-                    out.extend([e] if e is not None else [])
-        return out
-
-    if cfg.eval_step_files:
-        train, held = examples(cfg.step_files, lambda i: True), examples(cfg.eval_step_files, lambda i: True)
-    else:
-        train = examples(cfg.step_files, lambda i: not held_out(i, cfg.seed, cfg.eval_fraction))
-        held = examples(cfg.step_files, lambda i: held_out(i, cfg.seed, cfg.eval_fraction))
-    if not train:
-        raise UserError("rm: no step-labelled solution fits rm.max_length")
-
-    def step(rm, batch):
-        logits = torch.cat(step_scores(rm, batch, pad, device))
-        labels = torch.tensor([v for e in batch for v in e.labels], device=logits.device)
-        acc = ((logits > 0).long() == labels).float().mean().item()
-        return step_bce(logits, labels), {"train/step_accuracy": acc, "train/step_positive": labels.float().mean().item()}
-
-    def evaluate(rm, held_examples):
-        with torch.no_grad():
-            logits = torch.cat([torch.cat(step_scores(rm, held_examples[i: i + cfg.batch_size], pad, device))
-                                for i in range(0, len(held_examples), cfg.batch_size)])
-        labels = torch.tensor([v for e in held_examples for v in e.labels], device=logits.device)
-        first_error = [next((k for k, v in enumerate(e.labels) if v == 0), -1) for e in held_examples]
-        return {"eval/step_accuracy": ((logits > 0).long() == labels).float().mean().item(),
-                "eval/step_bce": step_bce(logits, labels).item(), "eval/steps": float(len(labels)),
-                "eval/solutions_with_error": float(sum(f >= 0 for f in first_error))}
-
-    return Job(train, held, step, evaluate, normalise_on=None)
 
 
 def step_rows(tasks: list[Task], completions: list[tuple[int, str]]) -> list[dict]:

@@ -35,7 +35,7 @@ def _data(args) -> dict:
 
 def cmd_train(args) -> None:
     from rlvr.config import from_dict
-    from rlvr.rm.train import RMConfig, run_rm
+    from rlvr.train.reward_model import RMConfig, run_rm
 
     data = _data(args)
     for flag, key in ((args.pairs, "pair_files"), (args.eval_pairs, "eval_pair_files"), (args.steps, "step_files")):

@@ -15,7 +15,6 @@ Without a ``verifier`` entry the verifier keeps weight 1, as with no sources at 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -126,7 +125,7 @@ class SourceConfig:
 def parse_sources(entries: list[Any]) -> list[SourceConfig]:
     """``SourceConfig``s from the config's list; a key the kind does not read, a duplicate name or
     two verifier entries are refused naming the key."""
-    defaults = {f.name: f.default for f in dataclasses.fields(SourceConfig)}
+    defaults = {k: v for k, v in vars(SourceConfig()).items() if k != "name"}
     out: list[SourceConfig] = []
     for i, entry in enumerate(entries):
         if isinstance(entry, SourceConfig):

@@ -11,8 +11,8 @@ centering). Logged: loss, pairwise accuracy, margin, the reward distribution; he
 every ``eval_every`` steps and at the end. The final directory holds the normalisation statistics
 of the training rewards and the held-out metrics (``rlvr.rm.model``).
 
-A process run (``kind: process``, ``rlvr.rm.process``) reads step-labelled solutions instead and
-minimises the binary cross-entropy of each step's score against its label.
+A process run (``kind: process``; the labels: ``rlvr.rm.process``) reads step-labelled solutions
+instead and minimises the binary cross-entropy of each step's score against its label.
 
 Checkpoints are atomic and resumable (the batch order is a pure function of seed and step).
 """
@@ -30,16 +30,16 @@ import torch
 from rich.progress import Progress
 from safetensors.torch import load_file, save_file
 
-from rlvr.algos.reward_model import bradley_terry, pairwise_metrics
+from rlvr.algos.reward_model import bradley_terry, pairwise_metrics, step_bce
 from rlvr.config import check_choice, check_range, resolve_device, to_dict
 from rlvr.errors import UserError
 from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint
-from rlvr.model.inputs import pad_right
 from rlvr.model.load import ModelLoadConfig
 from rlvr.model.lora import LoraConfig
 from rlvr.monitor.metrics import MetricsLogger
 from rlvr.monitor.trackers import TrackerConfig, open_trackers
-from rlvr.rm.model import HEAD_FILE, RewardMeta, RewardModel, encode, save_reward_model
+from rlvr.rm.model import HEAD_FILE, RewardMeta, RewardModel, batch_tensors, encode, save_reward_model
+from rlvr.rm.process import StepExample, encode_steps, read_step_file, step_scores
 from rlvr.tasks.pairs import PairFileConfig, PreferencePair, as_pair_file_config, load_pairs
 from rlvr.train.allocator import keep_freed_memory
 from rlvr.train.batching import batch_indices
@@ -160,13 +160,6 @@ def split_pairs(cfg: RMConfig) -> tuple[list[PreferencePair], list[PreferencePai
     return train, [p for p in pairs if held_out(key(p), cfg.seed, cfg.eval_fraction)]
 
 
-def batch_tensors(seqs: list[list[int]], pad_token_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids and attention mask of ``seqs``."""
-    ids = pad_right(seqs, pad_token_id, torch.long).to(device)
-    mask = pad_right([[1] * len(s) for s in seqs], 0, torch.long).to(device)
-    return ids, mask
-
-
 def pair_rewards(rm: RewardModel, batch: list[EncodedPair], pad_token_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Rewards of the chosen and rejected sides, [N] each, from one forward over 2N rows."""
     ids, mask = batch_tensors([p.chosen for p in batch] + [p.rejected for p in batch], pad_token_id, device)
@@ -229,6 +222,49 @@ def outcome_job(cfg: RMConfig, tokenizer, device) -> Job:
                normalise_on=lambda rows: [s for p in rows for s in (p.chosen, p.rejected)])
 
 
+def process_job(cfg, tokenizer, device):
+    """The ``Job`` of a process run: step-labelled solutions, BCE at each step's last token."""
+    if not cfg.step_files:
+        raise UserError("rm: kind process needs step files: --steps FILE (or rm.step_files); `rlvr rm steps` "
+                        "writes them from a model's own solutions")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    def examples(files, keep) -> list[StepExample]:
+        out = []
+        for f in files:
+            for id_, prompt, steps, labels in read_step_file(f):
+                if keep(id_):
+                    e = encode_steps(tokenizer, prompt, steps, labels, cfg.max_length, f"{f}:{id_}")
+                    out.extend([e] if e is not None else [])
+        return out
+
+    if cfg.eval_step_files:
+        train, held = examples(cfg.step_files, lambda i: True), examples(cfg.eval_step_files, lambda i: True)
+    else:
+        train = examples(cfg.step_files, lambda i: not held_out(i, cfg.seed, cfg.eval_fraction))
+        held = examples(cfg.step_files, lambda i: held_out(i, cfg.seed, cfg.eval_fraction))
+    if not train:
+        raise UserError("rm: no step-labelled solution fits rm.max_length")
+
+    def step(rm, batch):
+        logits = torch.cat(step_scores(rm, batch, pad, device))
+        labels = torch.tensor([v for e in batch for v in e.labels], device=logits.device)
+        acc = ((logits > 0).long() == labels).float().mean().item()
+        return step_bce(logits, labels), {"train/step_accuracy": acc, "train/step_positive": labels.float().mean().item()}
+
+    def evaluate(rm, held_examples):
+        with torch.no_grad():
+            logits = torch.cat([torch.cat(step_scores(rm, held_examples[i: i + cfg.batch_size], pad, device))
+                                for i in range(0, len(held_examples), cfg.batch_size)])
+        labels = torch.tensor([v for e in held_examples for v in e.labels], device=logits.device)
+        first_error = [next((k for k, v in enumerate(e.labels) if v == 0), -1) for e in held_examples]
+        return {"eval/step_accuracy": ((logits > 0).long() == labels).float().mean().item(),
+                "eval/step_bce": step_bce(logits, labels).item(), "eval/steps": float(len(labels)),
+                "eval/solutions_with_error": float(sum(f >= 0 for f in first_error))}
+
+    return Job(train, held, step, evaluate, normalise_on=None)
+
+
 def run_rm(cfg: RMConfig, *, resume: bool = False, progress: bool = True) -> dict:
     """Train, evaluate and save the reward model of ``cfg``; the final metrics."""
     keep_freed_memory()
@@ -240,8 +276,6 @@ def run_rm(cfg: RMConfig, *, resume: bool = False, progress: bool = True) -> dic
     policy = Policy.load(cfg.model, cfg.lora, ckpt, device=device, options=cfg.model_load)
     tokenizer = policy.tokenizer
     if cfg.kind == "process":
-        from rlvr.rm.process import process_job
-
         job = process_job(cfg, tokenizer, device)
     else:
         job = outcome_job(cfg, tokenizer, device)
