@@ -285,3 +285,25 @@ def test_ray_config_is_checked_and_a_missing_extra_is_named(tiny_model_dir, tmp_
 
     with pytest.raises(UserError, match=r"rlvr\[ray\]"):
         ray_module()
+
+
+def test_a_reward_model_source_scores_on_the_verifier_actors_as_in_process(tiny_model_dir, tmp_path):
+    """reward.sources run in the verify phase, wherever it runs: here each verifier actor loads the
+    reward model itself; the first step (same weights, same samples) scores as the local run."""
+    import torch
+
+    from rlvr.model.load import load_model_and_tokenizer
+    from rlvr.rm.model import RewardMeta, RewardModel, save_reward_model
+
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    torch.manual_seed(0)
+    save_reward_model(tmp_path / "rm", RewardModel(model), model, tok, RewardMeta(max_length=96))
+    sources = json.dumps([{"kind": "verifier", "weight": 0.5},
+                          {"kind": "reward_model", "path": str(tmp_path / "rm"), "weight": 0.3}])
+    grpo.run_grpo(_cfg(tiny_model_dir, tmp_path / "local", "local", f"reward.sources={sources}"), progress=False)
+    run_on_ray(_cfg(tiny_model_dir, tmp_path / "ray", "ray", f"reward.sources={sources}"))
+    local, remote = read_metrics(tmp_path / "local"), read_metrics(tmp_path / "ray")
+    assert len(remote) == STEPS and all("rollout/score/reward_model" in m and "rollout/reward_reward_model" in m
+                                        for m in remote)
+    for key in ("rollout/score/reward_model", "rollout/score/verifier", "rollout/reward_mean"):
+        assert remote[0][key] == pytest.approx(local[0][key], rel=1e-4, abs=1e-5), key
