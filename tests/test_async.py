@@ -383,3 +383,26 @@ def test_async_grpo_on_multi_turn_episodes(tiny_model_dir, tmp_path, monkeypatch
     assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.02, rewards
     assert metrics[-1]["rollout/turns_mean"] > 1.5
     assert max(m["async/staleness"] for m in metrics) <= 1
+
+
+def test_reward_sources_score_on_the_async_verifier_thread(tiny_model_dir, tmp_path):
+    """reward.sources run wherever the verify phase runs: here the asynchronous verifier thread."""
+    import json
+
+    from rlvr.reward_sources.base import forget_sources
+    from rlvr.train.grpo import run_grpo
+
+    fns = tmp_path / "fns.py"
+    fns.write_text("def digits(prompts, completions, **kw):\n"
+                   "    return [sum(c.isdigit() for c in t) / max(len(t), 1) for t in completions]\n")
+    sources = json.dumps([{"kind": "verifier", "weight": 0}, {"kind": "python", "function": f"{fns}:digits"}])
+    forget_sources()
+    try:
+        run_grpo(_cfg(tiny_model_dir, tmp_path / "run", steps=12, **{"asynchronous.enabled": "true",
+                                                                     "reward.sources": sources}), progress=False)
+    finally:
+        forget_sources()
+    rows = read_metrics(tmp_path / "run")
+    assert all("rollout/reward_outcome" not in m and m["rollout/reward_python"] == m["rollout/reward_mean"] for m in rows)
+    proxy = [m["rollout/score/proxy"] for m in rows]
+    assert sum(proxy[-3:]) / 3 > sum(proxy[:3]) / 3 + 0.02, proxy  # the source's reward was learned
