@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlvr.errors import UserError
-from rlvr.tasks.readers import read_rows
+from rlvr.tasks.readers import Url, is_url, read_rows
 from rlvr.tasks.rows import INSTRUCTION, RowError, TaskFileConfig, as_file_config, row_to_task
 from rlvr.types import Task
 
@@ -43,7 +43,7 @@ def parse_file(cfg: TaskFileConfig | str) -> tuple[list[tuple[str, Task]], list[
     """``(where, task)`` for every row that parses, and a ``Problem`` for every row that does not
     (a file that cannot be read at all is one problem). Rows of another split are left out."""
     cfg = as_file_config(cfg)
-    path = Path(cfg.path)
+    path = Url(cfg.path) if is_url(cfg.path) else Path(cfg.path)
     parsed: list[tuple[str, Task]] = []
     problems: list[Problem] = []
     index = 0

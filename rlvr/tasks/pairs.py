@@ -38,7 +38,7 @@ from rlvr.config import check_choice, from_dict
 from rlvr.errors import ConfigError, UserError
 from rlvr.tasks.conversations import check_conversation
 from rlvr.tasks.files import Problem, location_order
-from rlvr.tasks.readers import FORMATS, Row, read_rows
+from rlvr.tasks.readers import FORMATS, Row, Url, is_url, read_rows
 from rlvr.tasks.rows import ROLES, RowError, parse_map
 from rlvr.types import Message
 
@@ -244,7 +244,7 @@ def parse_pairs(cfg: PairFileConfig | str | dict[str, Any]) -> tuple[list[Prefer
     """Every pair that parses and a ``Problem`` for everything wrong (rows that do not parse,
     repeated ids; a file that cannot be read at all is one problem), in file order."""
     cfg = as_pair_file_config(cfg)
-    path = Path(cfg.path)
+    path = Url(cfg.path) if is_url(cfg.path) else Path(cfg.path)
     try:
         rows = list(read_rows(path, cfg.format, cfg.hf_split))
     except UserError as e:  # unreadable, not UTF-8, not CSV/Parquet/datasets: the whole file

@@ -12,6 +12,9 @@ datasets, so every later error can say where the bad value is. Formats:
   ``load_from_disk``), or a directory of local data files in a dataset repository's layout (read
   with ``load_dataset(dir)``, offline). A ``DatasetDict`` needs ``hf_split`` unless it has one split.
 
+A path may also be a URL of an object store (``s3://bucket/tasks.jsonl``, any fsspec protocol;
+``file://`` is a local path): the file is read whole through fsspec, and ``where`` names the URL.
+
 ``auto`` picks by suffix (``.jsonl``/``.json``/``.ndjson``, ``.csv``/``.tsv``, ``.parquet``/``.pq``)
 or, for a directory, ``hf``. Unreadable files, bytes that are not UTF-8 (with the line), invalid
 JSON lines and lines that are not objects are named by file and line (``Row.error`` for a JSONL line,
@@ -59,9 +62,33 @@ def detect_format(path: Path, fmt: str = "auto") -> str:
     return found
 
 
+class Url(str):
+    """A file's URL (``s3://bucket/tasks.jsonl``) where a ``Path`` would be: its text, its suffix."""
+
+    @property
+    def name(self) -> str:
+        return self.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def suffix(self) -> str:
+        return "." + self.name.rsplit(".", 1)[-1] if "." in self.name else ""
+
+    @property
+    def stem(self) -> str:
+        return self.name[: len(self.name) - len(self.suffix)] if self.suffix else self.name
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` names an object in a store (``s3://...``); ``file://`` is a local path."""
+    return "://" in path and not path.startswith("file://")
+
+
 def read_rows(path: str | Path, fmt: str = "auto", hf_split: str = "") -> Iterator[Row]:
     """The rows of a task file (see the module docstring); ``UserError`` on anything unreadable."""
-    path = Path(path)
+    if is_url(str(path)) and not isinstance(path, Path):
+        yield from _url_rows(Url(path), fmt)
+        return
+    path = Path(str(path).removeprefix("file://"))
     if not path.exists():
         raise UserError(f"{path}: no such file or directory")
     fmt = detect_format(path, fmt)
@@ -81,6 +108,30 @@ def read_rows(path: str | Path, fmt: str = "auto", hf_split: str = "") -> Iterat
         yield from _jsonl_rows(path, raw)
     else:
         yield from _csv_rows(path, _decode(path, raw))
+
+
+def _url_rows(url: Url, fmt: str) -> Iterator[Row]:
+    """A file in object storage (any fsspec URL; credentials and endpoint from the environment, e.g.
+    ``AWS_ACCESS_KEY_ID`` and ``AWS_ENDPOINT_URL`` for s3://), read whole into memory."""
+    import fsspec
+
+    fmt = fmt if fmt != "auto" else _SUFFIXES.get(url.suffix.lower(), "")
+    if fmt not in ("jsonl", "csv", "parquet"):
+        raise UserError(f"{url}: a URL must name a .jsonl, .csv or .parquet file (or set the format); datasets "
+                        "directories are read from local disk")
+    try:
+        with fsspec.open(str(url), "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise UserError(f"{url}: no such object") from None
+    except Exception as e:  # noqa: BLE001  (any client's failure: no endpoint, no credentials, denied)
+        raise UserError(f"{url}: cannot read: {(str(e).splitlines() or [type(e).__name__])[0][:200]}") from None
+    if fmt == "parquet":
+        yield from _parquet_rows(url, raw)
+    elif fmt == "jsonl":
+        yield from _jsonl_rows(url, raw)
+    else:
+        yield from _csv_rows(url, _decode(url, raw))
 
 
 def _decode(path: Path, raw: bytes) -> str:

@@ -29,6 +29,7 @@ from rlvr.rollout.engine_registry import ROLLOUT_ENGINES
 from rlvr.rollout.remote_engine import RemoteConfig
 from rlvr.rollout.vllm_engine import VLLMConfig, require_vllm
 from rlvr.sandbox.config import SandboxConfig
+from rlvr.store import StoreConfig
 from rlvr.tasks.rows import TaskFileConfig, as_file_config
 from rlvr.train import compat
 from rlvr.train.common import OptimConfig
@@ -235,7 +236,11 @@ class GRPOConfig:
     checkpoint_every: int = 25
     """Write a resumable checkpoint every this many steps (and at the end)."""
     keep_checkpoints: int = 2
-    """Checkpoints kept on disk."""
+    """Checkpoints kept on disk (and in ``store``)."""
+    store: StoreConfig = field(default_factory=StoreConfig)
+    """Object storage (``rlvr.store``): every checkpoint and the final model mirrored to ``store.url``
+    (s3://, file://, memory://); ``--resume`` in a directory without a checkpoint pulls the newest
+    complete one from there (docs/storage.md)."""
     save_trajectories_every: int = 1
     """Write the sampled share of a step's samples (``monitor.sample_share``) to
     trajectories/step_N.jsonl every this many steps; flagged samples are written at every step."""

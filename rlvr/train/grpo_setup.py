@@ -14,6 +14,7 @@ from rlvr.curriculum.pool import TaskPool
 from rlvr.curriculum.scheduler import Curriculum
 from rlvr.eval.suites import get_suite, tasks_of
 from rlvr.model.checkpoint import latest_checkpoint
+from rlvr.store import RunStore
 from rlvr import oplog
 from rlvr.monitor.alerts import AlertLog
 from rlvr.monitor.push import AlertPusher
@@ -77,9 +78,14 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     run_dir = prepare_run_dir(cfg.out, cfg) if group.is_main else Path(cfg.out)
     log_dir = run_dir if group.is_main else run_dir / "ranks" / f"rank_{group.rank}"
     log_dir.mkdir(parents=True, exist_ok=True)  # the sandbox's audit log may open first
-    ckpt = latest_checkpoint(run_dir) if resume else None
     device = rank_device(resolve_device("device", cfg.device))
     open_group(cfg.distributed, device)
+    if resume and cfg.store.enabled and group.is_main and latest_checkpoint(run_dir) is None:
+        pulled = RunStore(cfg.store).restore_latest(run_dir)  # another machine's run, from the store alone
+        print(f"store: resuming from {cfg.store.url} step {pulled}" if pulled is not None
+              else f"store: {cfg.store.url} has no complete checkpoint; starting fresh")
+    barrier()  # the other ranks read the pulled checkpoint
+    ckpt = latest_checkpoint(run_dir) if resume else None
     policy = Policy.load(cfg.model, cfg.lora, ckpt, device=device, options=cfg.model_load)
     sandbox, tasks, eval_tasks = task_sets(cfg, log_dir)
     per_step = cfg.rollout.tasks_per_step * cfg.rollout.samples_per_task
