@@ -22,6 +22,12 @@ class RayConfig:
     """Rollout actors, each with an engine copy of the policy; a step's tasks are split among them."""
     verifier_workers: int = 1
     """Verifier actors, each with its own sandbox pool; a step's samples are split among them."""
+    max_rollout_workers: int = 0
+    """Elastic: rollout actors are added between steps, up to this many, while the cluster has the
+    resources for one more (a node that joins gets work from the next step); 0: fixed at
+    ``rollout_workers``."""
+    max_verifier_workers: int = 0
+    """The same for verifier actors; 0: fixed at ``verifier_workers``."""
     rollout_cpus: float = 1.0
     """CPUs Ray reserves for each rollout actor (fractions allowed; its torch threads: max(1, int))."""
     rollout_gpus: float = 0.0
@@ -43,6 +49,11 @@ class RayConfig:
         check_range("ray.num_cpus", self.num_cpus, 0)
         check_range("ray.rollout_workers", self.rollout_workers, 1)
         check_range("ray.verifier_workers", self.verifier_workers, 1)
+        for key, base in (("max_rollout_workers", self.rollout_workers), ("max_verifier_workers", self.verifier_workers)):
+            value = getattr(self, key)
+            if value and value < base:
+                raise ConfigError(f"config key 'ray.{key}' = {value} is below the starting count {base}; "
+                                  f"set it to 0 (fixed) or at least {base}")
         for key in ("rollout_cpus", "rollout_gpus", "verifier_cpus", "trainer_cpus", "trainer_gpus"):
             check_range(f"ray.{key}", getattr(self, key), 0.0)
         check_range("ray.max_retries", self.max_retries, 0)

@@ -69,8 +69,11 @@ class RayWorkers:
 
         common = dict(max_retries=cfg.max_retries, log=self.events.write)
         self.latest: tuple | None = None
-        self.rollout = ActorGroup("rollout", make_rollout, cfg.rollout_workers, prepare=self._catch_up, **common)
-        self.verifiers = ActorGroup("verifier", make_verifier, cfg.verifier_workers, **common)
+        self.rollout = ActorGroup("rollout", make_rollout, cfg.rollout_workers, prepare=self._catch_up,
+                                  max_size=cfg.max_rollout_workers,
+                                  resources={"CPU": cfg.rollout_cpus, "GPU": cfg.rollout_gpus}, **common)
+        self.verifiers = ActorGroup("verifier", make_verifier, cfg.verifier_workers, max_size=cfg.max_verifier_workers,
+                                    resources={"CPU": cfg.verifier_cpus}, **common)
         self.push(model, version)
 
     # ------------------------------------------------------------------ weights
@@ -93,6 +96,7 @@ class RayWorkers:
     # ------------------------------------------------------------------ phases
 
     def generate(self, tasks: list[Task], version: int, generator: torch.Generator) -> list[Episode]:
+        self.rollout.grow(version=version)  # elastic: a node that joined gets work from this step
         parts = split(tasks, self.rollout.size)
         if len(parts) == 1:
             states = [generator.get_state()]
@@ -119,6 +123,7 @@ class RayWorkers:
 
     def verify(self, tasks: list[Task], episodes: list[Episode]) -> list[Scored]:
         tasks_ref = self.ray.put(tasks)
+        self.verifiers.grow()
         parts = split(episodes, self.verifiers.size)
         scored = []
         for k, (chunk, records) in enumerate(self.verifiers.run("verify", [(tasks_ref, part) for part in parts])):
@@ -128,7 +133,8 @@ class RayWorkers:
 
     def metrics(self) -> dict[str, float]:
         return {"workers/retries": float(self.rollout.retries + self.verifiers.retries),
-                "workers/replaced": float(self.rollout.replaced + self.verifiers.replaced)}
+                "workers/replaced": float(self.rollout.replaced + self.verifiers.replaced),
+                "workers/rollout": float(self.rollout.size), "workers/verifier": float(self.verifiers.size)}
 
     def close(self) -> None:
         self.rollout.close()
