@@ -191,3 +191,30 @@ class RunStore:
             shutil.rmtree(staging, ignore_errors=True)
             return step
         return None
+
+
+# ---------------------------------------------------------------------- what a trainer calls
+
+
+def pull_if_missing(cfg: StoreConfig, run_dir: Path, resume: bool) -> None:
+    """``--resume`` in a directory with no checkpoint of its own: the newest complete one from the
+    store (with the run files), so the run continues where another machine left it."""
+    from rlvr.model.checkpoint import latest_checkpoint
+
+    if not (resume and cfg.enabled) or latest_checkpoint(run_dir) is not None:
+        return
+    pulled = RunStore(cfg).restore_latest(run_dir)
+    print(f"store: resuming from {cfg.url} step {pulled}" if pulled is not None
+          else f"store: {cfg.url} has no complete checkpoint; starting fresh")
+
+
+def mirror_checkpoint(cfg: StoreConfig, ckpt: Path, run_dir: Path, keep: int) -> None:
+    """The checkpoint just written locally, to the store (files first, manifest last)."""
+    if cfg.enabled:
+        RunStore(cfg).push_checkpoint(ckpt, run_dir, keep=keep)
+
+
+def mirror_final(cfg: StoreConfig, final: Path) -> None:
+    """The final model directory, to the store as ``final``."""
+    if cfg.enabled:
+        RunStore(cfg).push_dir("final", final)

@@ -144,3 +144,21 @@ def test_task_and_pair_files_read_from_object_storage_name_the_url(s3, monkeypat
         load_tasks(TaskFileConfig(path="s3://runs/data/bad.jsonl", verifier="math"))
     with pytest.raises(UserError, match=r"s3://runs/data/none.jsonl"):
         load_tasks(TaskFileConfig(path="s3://runs/data/none.jsonl", verifier="math"))
+
+
+@pytest.mark.parametrize("job", ["sft", "dpo"])
+def test_sft_and_dpo_resume_elsewhere_from_the_store(tmp_path, job):
+    model, files = tiny_model(tmp_path / "model"), job_files(tmp_path / "files")
+
+    def cmd(out: Path, prefix: str) -> list[str]:
+        return command(job, model, out, files) + ["--set", f"store.url=file://{tmp_path / 'store' / prefix}"]
+
+    whole = run_child(cmd(tmp_path / "whole", "whole"))
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    killed = run_child(cmd(tmp_path / "machine_a", "job"), fault="metrics@7:kill")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    resumed = run_child(cmd(tmp_path / "machine_b", "job"), resume=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "store: resuming from" in resumed.stdout and "step 6" in resumed.stdout
+    assert without_times(read_metrics(tmp_path / "machine_b")) == without_times(read_metrics(tmp_path / "whole"))
+    assert RunStore(StoreConfig(url=f"file://{tmp_path / 'store' / 'job'}")).manifest("final") is not None

@@ -32,6 +32,7 @@ from rlvr.algos.preference import PREFERENCE_LOSSES, preference_metrics, sequenc
 from rlvr.config import check_choice, check_device, check_range, resolve_device, to_dict
 from rlvr.errors import ConfigError, UserError
 from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint
+from rlvr.store import StoreConfig, mirror_checkpoint, mirror_final, pull_if_missing
 from rlvr.model.inputs import pad_right
 from rlvr.model.load import ModelLoadConfig
 from rlvr.model.lora import LoraConfig
@@ -93,6 +94,9 @@ class DPOConfig:
     """Log train/* every this many steps."""
     trackers: TrackerConfig = field(default_factory=TrackerConfig)
     """Experiment trackers beside metrics.jsonl and TensorBoard (rlvr.monitor.trackers): mlflow, wandb."""
+    store: StoreConfig = field(default_factory=StoreConfig)
+    """Object storage (docs/storage.md): checkpoints and the final model mirrored to ``store.url``;
+    ``--resume`` in a directory without a checkpoint pulls the newest complete one from there."""
     checkpoint_every: int = 50
     """Write a resumable checkpoint every this many steps (``--resume`` continues from the newest;
     the two newest are kept, so a damaged newest falls back to the one before)."""
@@ -240,6 +244,7 @@ def run_dpo(cfg: DPOConfig, *, resume: bool = False, progress: bool = True) -> d
     run_dir = prepare_run_dir(cfg.out, cfg)
     start = time.perf_counter()
     device = resolve_device("dpo.device", cfg.device)
+    pull_if_missing(cfg.store, run_dir, resume)  # another machine's run, from the store alone
     ckpt = latest_checkpoint(run_dir) if resume else None
     policy = Policy.load(cfg.model, cfg.lora, ckpt, device=device, options=cfg.model_load)
     model, tokenizer = policy.model, policy.tokenizer
@@ -264,10 +269,13 @@ def run_dpo(cfg: DPOConfig, *, resume: bool = False, progress: bool = True) -> d
             if step % cfg.log_every == 0 or step == steps:
                 logger.log(step, metrics)
             if step % cfg.checkpoint_every == 0 and step < steps:
-                save_checkpoint(run_dir, step, policy.checkpoint_module(), tokenizer, training_state(step, opt, sched, gen))
+                path = save_checkpoint(run_dir, step, policy.checkpoint_module(), tokenizer,
+                                       training_state(step, opt, sched, gen))
                 prune_checkpoints(run_dir, keep=2)
+                mirror_checkpoint(cfg.store, path, run_dir, keep=2)
             bar.update(job, advance=1, description=f"dpo loss {metrics['train/loss']:.3f}")
     logger.close()
     policy.save_final(run_dir / "final")
+    mirror_final(cfg.store, run_dir / "final")
     return {"pairs": len(rows), "dropped": dropped, "steps": steps, **metrics,
             "seconds": time.perf_counter() - start}

@@ -55,7 +55,7 @@ from rlvr.model.checkpoint import has_checkpoint, prune_checkpoints, save_checkp
 from rlvr import oplog
 from rlvr.monitor.alerts import RunStopped, read_alerts
 from rlvr.monitor.metrics import read_metrics
-from rlvr.store import RunStore
+from rlvr.store import mirror_checkpoint, mirror_final
 from rlvr.train.common import Timer, training_state
 from rlvr.train.distributed import close_group, from_rank0
 from rlvr.train.grpo_config import AlgoConfig, GRPOConfig, RolloutConfig
@@ -141,8 +141,7 @@ def finish(run: Run, cfg: GRPOConfig) -> dict:
 def save_final_model(run: Run, cfg: GRPOConfig) -> None:
     """``final/`` (and the curriculum's report and plot)."""
     run.policy.save_final(run.dir / "final")
-    if cfg.store.enabled:
-        RunStore(cfg.store).push_dir("final", run.dir / "final")
+    mirror_final(cfg.store, run.dir / "final")
     if cfg.curriculum.enabled:
         write_text_atomic(run.dir / "curriculum.json", json.dumps(
             {"events": run.pool.events, "frontier": run.pool.frontier, "tasks": run.pool.task_report()}, indent=1))
@@ -198,5 +197,4 @@ def checkpoint(run: Run, cfg: GRPOConfig) -> None:
     path = save_checkpoint(run.dir, run.step, run.policy.checkpoint_module(), run.tokenizer, state,
                            extra=components if run.components else None)
     prune_checkpoints(run.dir, keep=cfg.keep_checkpoints)
-    if cfg.store.enabled:  # the mirror: files first, its manifest last (rlvr.store)
-        RunStore(cfg.store).push_checkpoint(path, run.dir, keep=cfg.keep_checkpoints)
+    mirror_checkpoint(cfg.store, path, run.dir, keep=cfg.keep_checkpoints)  # files first, manifest last

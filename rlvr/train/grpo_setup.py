@@ -14,7 +14,7 @@ from rlvr.curriculum.pool import TaskPool
 from rlvr.curriculum.scheduler import Curriculum
 from rlvr.eval.suites import get_suite, tasks_of
 from rlvr.model.checkpoint import latest_checkpoint
-from rlvr.store import RunStore
+from rlvr.store import pull_if_missing
 from rlvr import oplog
 from rlvr.monitor.alerts import AlertLog
 from rlvr.monitor.push import AlertPusher
@@ -80,10 +80,8 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     log_dir.mkdir(parents=True, exist_ok=True)  # the sandbox's audit log may open first
     device = rank_device(resolve_device("device", cfg.device))
     open_group(cfg.distributed, device)
-    if resume and cfg.store.enabled and group.is_main and latest_checkpoint(run_dir) is None:
-        pulled = RunStore(cfg.store).restore_latest(run_dir)  # another machine's run, from the store alone
-        print(f"store: resuming from {cfg.store.url} step {pulled}" if pulled is not None
-              else f"store: {cfg.store.url} has no complete checkpoint; starting fresh")
+    if group.is_main:
+        pull_if_missing(cfg.store, run_dir, resume)  # another machine's run, from the store alone
     barrier()  # the other ranks read the pulled checkpoint
     ckpt = latest_checkpoint(run_dir) if resume else None
     policy = Policy.load(cfg.model, cfg.lora, ckpt, device=device, options=cfg.model_load)

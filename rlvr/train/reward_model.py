@@ -34,6 +34,7 @@ from rlvr.algos.reward_model import bradley_terry, pairwise_metrics, step_bce
 from rlvr.config import check_choice, check_range, resolve_device, to_dict
 from rlvr.errors import UserError
 from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint
+from rlvr.store import StoreConfig, mirror_checkpoint, mirror_final, pull_if_missing
 from rlvr.model.load import ModelLoadConfig
 from rlvr.model.lora import LoraConfig
 from rlvr.monitor.metrics import MetricsLogger
@@ -97,6 +98,9 @@ class RMConfig:
     """Steps between metrics lines."""
     trackers: TrackerConfig = field(default_factory=TrackerConfig)
     """Experiment trackers beside metrics.jsonl."""
+    store: StoreConfig = field(default_factory=StoreConfig)
+    """Object storage (docs/storage.md): checkpoints and the final model mirrored to ``store.url``;
+    ``--resume`` in a directory without a checkpoint pulls the newest complete one from there."""
 
     def __post_init__(self) -> None:
         check_choice("rm.kind", self.kind, ("outcome", "process"))
@@ -272,6 +276,7 @@ def run_rm(cfg: RMConfig, *, resume: bool = False, progress: bool = True) -> dic
     run_dir = prepare_run_dir(cfg.out, cfg)
     start = time.perf_counter()
     device = resolve_device("rm.device", cfg.device)
+    pull_if_missing(cfg.store, run_dir, resume)  # another machine's run, from the store alone
     ckpt = latest_checkpoint(run_dir) if resume else None
     policy = Policy.load(cfg.model, cfg.lora, ckpt, device=device, options=cfg.model_load)
     tokenizer = policy.tokenizer
@@ -310,11 +315,12 @@ def run_rm(cfg: RMConfig, *, resume: bool = False, progress: bool = True) -> dic
             if step % cfg.log_every == 0 or step == steps or held is metrics:
                 logger.log(step, metrics)
             if step % cfg.checkpoint_every == 0 and step < steps:
-                save_checkpoint(run_dir, step, policy.checkpoint_module(), tokenizer,
-                                training_state(step, opt, sched, gen),
-                                extra=lambda d: save_file({"weight": rm.head.weight.detach().cpu().contiguous()},
-                                                          d / HEAD_FILE))
+                path = save_checkpoint(run_dir, step, policy.checkpoint_module(), tokenizer,
+                                       training_state(step, opt, sched, gen),
+                                       extra=lambda d: save_file({"weight": rm.head.weight.detach().cpu().contiguous()},
+                                                                 d / HEAD_FILE))
                 prune_checkpoints(run_dir, keep=2)
+                mirror_checkpoint(cfg.store, path, run_dir, keep=2)
             bar.update(job_bar, advance=1, description=f"rm loss {metrics['train/loss']:.3f}")
     logger.close()
     rm.eval()
@@ -328,5 +334,6 @@ def run_rm(cfg: RMConfig, *, resume: bool = False, progress: bool = True) -> dic
                       std=std, max_length=cfg.max_length, base=str(cfg.model),
                       metrics={k: float(v) for k, v in held.items()})
     save_reward_model(run_dir / "final", rm, backbone, tokenizer, meta)
+    mirror_final(cfg.store, run_dir / "final")
     return {"kind": cfg.kind, "train_examples": len(job.train), "held_out": len(job.held), "steps": steps,
             **metrics, **held, "reward_mean": mean, "reward_std": std, "seconds": time.perf_counter() - start}

@@ -38,6 +38,7 @@ from rlvr.tasks.validate import refuse_eval_tasks
 from rlvr.train.allocator import keep_freed_memory
 from rlvr.model.inputs import pad_right
 from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint
+from rlvr.store import StoreConfig, mirror_checkpoint, mirror_final, pull_if_missing
 from rlvr.train.common import (
     OptimConfig,
     build_optimizer,
@@ -95,6 +96,9 @@ class SFTConfig:
     from the newest; the two newest are kept, so a damaged newest falls back to the one before)."""
     trackers: TrackerConfig = field(default_factory=TrackerConfig)
     """Experiment trackers beside metrics.jsonl and TensorBoard (rlvr.monitor.trackers): mlflow, wandb."""
+    store: StoreConfig = field(default_factory=StoreConfig)
+    """Object storage (docs/storage.md): checkpoints and the final model mirrored to ``store.url``;
+    ``--resume`` in a directory without a checkpoint pulls the newest complete one from there."""
     env: EnvConfig = field(default_factory=lambda: EnvConfig(max_turns=12, max_tokens=4096, max_context=4096))
     """Budgets for playing the expert demonstrations of multi-turn tasks (generous: a
     demonstration is dropped only if it fails its own verifier or the model's context)."""
@@ -164,6 +168,7 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False, progress: bool = True) -> d
     run_dir = prepare_run_dir(cfg.out, cfg)
     start = time.perf_counter()
     device = resolve_device("sft.device", cfg.device)
+    pull_if_missing(cfg.store, run_dir, resume)  # another machine's run, from the store alone
     ckpt = latest_checkpoint(run_dir) if resume else None
     policy = Policy.load(cfg.model, cfg.lora, ckpt, device=device, options=cfg.model_load)
     model, tokenizer = policy.model, policy.tokenizer  # LoRA: only the adapters require grad
@@ -190,12 +195,14 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False, progress: bool = True) -> d
             if step % cfg.log_every == 0 or step == cfg.steps:
                 logger.log(step, metrics)
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:  # the last: a resume after it only saves final/
-                save_checkpoint(run_dir, step, policy.checkpoint_module(), tokenizer,
-                                training_state(step, opt, sched, gen, order=order, cursor=cursor, loss=loss_value))
+                path = save_checkpoint(run_dir, step, policy.checkpoint_module(), tokenizer,
+                                       training_state(step, opt, sched, gen, order=order, cursor=cursor, loss=loss_value))
                 prune_checkpoints(run_dir, keep=2)
+                mirror_checkpoint(cfg.store, path, run_dir, keep=2)
             bar.update(job, advance=1, description=f"sft loss {loss_value:.3f}")
     logger.close()
     policy.save_final(run_dir / "final")
+    mirror_final(cfg.store, run_dir / "final")
     return {"loss": loss_value, "examples": len(examples), "seconds": time.perf_counter() - start}
 
 
