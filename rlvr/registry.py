@@ -5,8 +5,9 @@ so the CLI prints it without a traceback). Adding a domain, verifier, advantage 
 loss is a new function or class plus one ``@REGISTRY.register("name")`` line. A throwaway entry
 (a test's) is registered for one block only: ``with DOMAINS.temporary("name", entry): ...``.
 A family of entries made on demand (one per dataset of an optional library) is a resolver for a
-name prefix: ``DOMAINS.lazy("rg.", make, "rg.<dataset>")`` makes and registers ``rg.x`` on its
-first ``get``; ``names()`` and ``in`` report only the entries registered so far.
+name prefix: ``DOMAINS.lazy("rg.", make, "rg.<dataset>")`` makes ``rg.x`` on its first ``get`` and
+keeps it for later ones; ``names()`` and ``in`` report the registered entries only, so what they list
+does not depend on which names were asked for before.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
+        self._resolved: dict[str, T] = {}  # entries made on demand by a resolver (not listed)
         self._resolvers: list[tuple[str, Callable[[str], T], str]] = []
 
     def register(self, name: str) -> Callable[[T], T]:
@@ -56,7 +58,7 @@ class Registry(Generic[T]):
     def lazy(self, prefix: str, resolve: Callable[[str], T], hint: str) -> None:
         """Make unregistered names starting with ``prefix`` on demand: ``get(name)`` calls
         ``resolve(name)`` (which raises ``UserError`` for a name it cannot make, e.g. an optional
-        dependency missing), registers the entry under ``name`` and returns it. ``hint`` names the
+        dependency missing), keeps the entry for later calls (unlisted) and returns it. ``hint`` names the
         family in the unknown-name message (``"rg.<dataset>"``)."""
         if prefix != prefix.lower():
             raise ValueError(f"{self.kind} names are lowercase: {prefix!r}")
@@ -65,16 +67,13 @@ class Registry(Generic[T]):
         self._resolvers.append((prefix, resolve, hint))
 
     def get(self, name: str) -> T:
-        try:
+        if name in self._entries:
             return self._entries[name]
-        except KeyError:
-            pass
+        if name in self._resolved:
+            return self._resolved[name]
         for prefix, resolve, _ in self._resolvers:
             if name.startswith(prefix):
-                entry = resolve(name)
-                if name not in self._entries:
-                    self.register(name)(entry)
-                return self._entries[name]
+                return self._resolved.setdefault(name, resolve(name))
         choices = [*self.names(), *self.lazy_hints()]
         raise UserError(f"unknown {self.kind} {name!r}; choose one of: {', '.join(choices)}")
 

@@ -1366,6 +1366,33 @@ def test_temporary_registers_for_the_block_only_and_refuses_a_taken_name():
     assert registry.names() == ["kept"]
 
 
+def test_entries_made_on_demand_are_kept_but_never_listed():
+    """A lazy family's entry is made once and kept, but ``names()`` and ``in`` list only what was
+    registered: what an earlier ``get`` asked for never changes what a later caller iterates over
+    (a suite over ``DOMAINS.names()`` once generated every reasoning-gym dataset a previous test had
+    touched)."""
+    registry: Registry[list] = Registry("thing")
+    registry.register("kept")([0])
+    made: list[str] = []
+
+    def make(name: str) -> list:
+        if name == "fam.bad":
+            raise UserError("no such member")
+        made.append(name)
+        return [name]
+
+    registry.lazy("fam.", make, "fam.<member>")
+    first = registry.get("fam.x")
+    assert first == ["fam.x"] and registry.get("fam.x") is first and made == ["fam.x"]
+    assert registry.names() == ["kept"] and "fam.x" not in registry and list(registry) == ["kept"]
+    with pytest.raises(UserError, match="no such member"):
+        registry.get("fam.bad")
+    with pytest.raises(UserError, match="choose one of: kept, fam.<member>"):
+        registry.get("other")
+    registry.register("fam.x")(["registered"])  # a registered entry wins over a made one
+    assert registry.get("fam.x") == ["registered"] and registry.names() == ["fam.x", "kept"]
+
+
 # ---------------------------------------------------------------- the checks catch broken entries
 
 
