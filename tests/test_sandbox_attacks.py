@@ -20,6 +20,7 @@ from rlvr.sandbox.attacks import (
     run_unsandboxed,
 )
 from rlvr.sandbox.controls import CONTROLS, naive_verdict, run_control
+from rlvr.sandbox.detect import available
 
 if not choose("auto").strict:
     pytest.skip(f"no strict sandbox backend here ({choose('auto').describe()})",
@@ -29,21 +30,13 @@ BY_NAME = {a.name: a for a in ATTACKS}
 CORRECT_ADD = "def add(a, b):\n    return a + b\n"
 
 
-def _available(name: str) -> bool:
-    try:
-        choose(name)
-    except Exception:  # noqa: BLE001 - not on this machine
-        return False
-    return True
-
-
 # a missing backend skips with the reason the CI switches know: "bubblewrap" fails under
 # RLVR_REQUIRE_STRICT_SANDBOX; the user-namespace one is on ALLOWED_SKIPS (absent as root)
-BACKENDS = [pytest.param("forkserver", marks=pytest.mark.skipif(not _available("forkserver"),
+BACKENDS = [pytest.param("forkserver", marks=pytest.mark.skipif(not available("forkserver"),
                                                                 reason="no strict sandbox backend here (forkserver)")),
-            pytest.param("bwrap", marks=pytest.mark.skipif(not _available("bwrap"),
+            pytest.param("bwrap", marks=pytest.mark.skipif(not available("bwrap"),
                                                            reason="bubblewrap (as root) not available")),
-            pytest.param("forkserver-userns", marks=pytest.mark.skipif(not _available("forkserver-userns"),
+            pytest.param("forkserver-userns", marks=pytest.mark.skipif(not available("forkserver-userns"),
                                                                        reason="no forkserver-userns backend here"))]
 
 

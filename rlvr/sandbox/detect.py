@@ -101,6 +101,15 @@ def choose(requested: str = "auto", caps: Capabilities | None = None) -> Backend
     return Backend(requested, requested in STRICT, caps, missing)
 
 
+def available(name: str) -> bool:
+    """Whether backend ``name`` can run on this machine (``choose`` would not refuse it)."""
+    try:
+        choose(name)
+    except UserError:
+        return False
+    return True
+
+
 def describe_caps(caps: Capabilities) -> str:
     return (f"platform={caps.platform} root={caps.root} userns={caps.user_namespaces} "
             f"landlock_abi={caps.landlock_abi} seccomp={caps.seccomp} bwrap={caps.bwrap}")

@@ -30,6 +30,12 @@ import traceback
 
 from rlvr.sandbox import plaindata
 
+# Bytecode caches live nowhere (a path that cannot exist), so a candidate cannot plant a .pyc
+# that a later import (of the tests, say) would load instead of the checked source. Only the
+# interpreter's and the environment's own modules read their installed caches
+# (``read_installed_bytecode``): the host wrote those, and no run can write there.
+NO_PYCACHE = "/dev/null/rlvr-no-pycache"
+
 MAX_REPLY = 16 << 20
 _EXCEPTIONS = {name: obj for name, obj in vars(builtins).items()
                if isinstance(obj, type) and issubclass(obj, Exception)}
@@ -255,6 +261,32 @@ def main(job: dict, trusted_fd: int, report_fd: int, after_fork=lambda: None) ->
     raise ValueError(f"harness cannot run job kind {job['kind']!r}")
 
 
+def read_installed_bytecode(ws: str) -> None:
+    """Imports of modules under the worker's own import path (the standard library, the
+    environment's packages, rlvr: files the host wrote and no run can) read their
+    ``__pycache__`` again; every other source, the workspace's above all, keeps the cache path
+    ``NO_PYCACHE``, so it is compiled and never read from a cache. Without this a run importing
+    numpy compiled it from source (0.45 s a job). An entry holding the workspace, or inside it,
+    is left out (it would let a run's own files in)."""
+    import _frozen_importlib_external as bootstrap
+
+    ws = os.path.join(os.path.abspath(ws), "")
+    entries = {os.path.join(os.path.abspath(p), "") for p in sys.path if p and os.path.isabs(p)}
+    roots = tuple(p for p in entries if p != os.sep and not ws.startswith(p) and not p.startswith(ws))
+    compiled = bootstrap.cache_from_source
+
+    def cache_from_source(path, debug_override=None, *, optimization=None):
+        if not os.path.abspath(path).startswith(roots):
+            return compiled(path, debug_override, optimization=optimization)
+        sys.pycache_prefix = None
+        try:
+            return compiled(path, debug_override, optimization=optimization)
+        finally:
+            sys.pycache_prefix = NO_PYCACHE
+
+    bootstrap.cache_from_source = cache_from_source
+
+
 def flush_and_exit(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -264,11 +296,35 @@ def flush_and_exit(code: int) -> None:
     os._exit(code)
 
 
-if __name__ == "__main__":  # exec path: argv = job fd, trusted fd, report fd (default 3 4 5)
-    job_fd, trusted_fd, report_fd = (int(x) for x in (sys.argv[1:4] or (3, 4, 5)))
+def exec_main(argv: list[str]) -> None:
+    """The exec path: a fresh interpreter (an environment image's, or the bench baseline's) runs
+    the job on fds ``argv`` = job, trusted, report (default 3 4 5), already isolated by its parent.
+    Workspace sources never read a byte-code cache; the interpreter's own modules do."""
+    job_fd, trusted_fd, report_fd = (int(x) for x in (argv[:3] or (3, 4, 5)))
+    sys.pycache_prefix = NO_PYCACHE
+    read_installed_bytecode(os.getcwd())
+    run_pid = os.getpid()
+
+    def after_fork() -> None:  # the tests job's candidate process dies with the tests' process
+        if os.getpid() != run_pid:
+            try:
+                from rlvr.sandbox import kernel
+                import signal
+                if kernel.LINUX:
+                    kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
+                    if os.getppid() != run_pid:
+                        os._exit(70)
+            except OSError:
+                pass
+
     code = 70
     try:
-        code = main(json.loads(read_all(job_fd)), trusted_fd=trusted_fd, report_fd=report_fd)
+        code = main(json.loads(read_all(job_fd)), trusted_fd=trusted_fd, report_fd=report_fd,
+                    after_fork=after_fork)
     except BaseException:  # noqa: BLE001
         traceback.print_exc()
     flush_and_exit(code)
+
+
+if __name__ == "__main__":
+    exec_main(sys.argv[1:])

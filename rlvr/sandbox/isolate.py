@@ -95,10 +95,12 @@ def die_with_parent(parent_fd: int | None = None, parent_pid: int | None = None)
 
 def enter(plan: Plan, workdir: str, limits: dict, keep_fds: list[int],
           landlock: bool = True, filter_syscalls: bool = True,
-          parent_fd: int | None = None, read_only: bool = False) -> None:
+          parent_fd: int | None = None, read_only: bool = False,
+          extra_read: list[str] | None = None) -> None:
     """Isolate the calling (freshly forked) process. Raises if any step fails: never run
     untrusted code half-isolated. ``parent_fd``: a pipe write end that only the parent reads
-    (for ``die_with_parent``). ``read_only``: the workspace too is read-only (landlock)."""
+    (for ``die_with_parent``). ``read_only``: the workspace too is read-only (landlock).
+    ``extra_read``: more read-only paths for this run only (its environment image)."""
     os.setsid()
     if kernel.LINUX:
         kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -120,12 +122,13 @@ def enter(plan: Plan, workdir: str, limits: dict, keep_fds: list[int],
         kernel.drop_capabilities()
     die_with_parent(parent_fd)  # the uid change cleared it; before seccomp, landlock, the run
     if landlock and plan.landlock_abi:
+        readable = plan.read_only + list(extra_read or ())
         if read_only:
-            kernel.landlock_restrict(plan.read_only + [workdir], plan.read_write, plan.landlock_abi)
-        elif plan.runs_ruleset is not None and _is_under(workdir, plan.runs_root):
+            kernel.landlock_restrict(readable + [workdir], plan.read_write, plan.landlock_abi)
+        elif not extra_read and plan.runs_ruleset is not None and _is_under(workdir, plan.runs_root):
             kernel.landlock_apply(plan.runs_ruleset)
         else:
-            kernel.landlock_restrict(plan.read_only, [workdir, *plan.read_write], plan.landlock_abi)
+            kernel.landlock_restrict(readable, [workdir, *plan.read_write], plan.landlock_abi)
     elif kernel.LINUX:
         kernel.prctl(kernel.PR_SET_NO_NEW_PRIVS, 1)
     if plan.runs_ruleset is not None:

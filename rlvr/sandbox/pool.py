@@ -94,6 +94,19 @@ def _uids_in_use() -> set[int]:
     return uids
 
 
+def _images_config() -> dict[str, str]:
+    """Where environment images live and the harness copy they run (``image_exec``); empty
+    (jobs with an image are refused) where the images root cannot be made."""
+    from rlvr.images.cache import root
+    from rlvr.sandbox.image_exec import harness_copy
+
+    try:
+        where = str(root())
+        return {"images": where, "harness": harness_copy(where)}
+    except OSError:
+        return {}
+
+
 class _SlotLock:
     """An exclusive claim on one sandbox uid, held for the pool's life."""
 
@@ -119,14 +132,15 @@ class _SlotLock:
 
 
 class _WorkerProcess:
-    def __init__(self, backend: detect.Backend, slot: int, python: str, bpf: bytes | None):
+    def __init__(self, backend: detect.Backend, slot: int, python: str, bpf: bytes | None,
+                 images: dict[str, str]):
         self.lock = _SlotLock() if backend.name in ("forkserver", "bwrap") else None
         tag = str(self.lock.uid) if self.lock else f"{os.getpid()}-{slot}"
         self.base = os.path.join(_shm_root(), tag)
         cfg = {"backend": backend.name, "uid": self.lock.uid if self.lock else None,
                "owner": os.getpid(),
                "base": self.base, "bwrap": backend.caps.bwrap,
-               "seccomp_bpf": bpf.hex() if bpf else None}
+               "seccomp_bpf": bpf.hex() if bpf else None, **images}
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         # -S: no site processing (its .pth finders and their imports would make every fork of
         # the worker slower); the package directories are put on sys.path by hand instead, so
@@ -226,6 +240,7 @@ class Sandbox:
         self._python = python or sys.executable
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size or 4 * n)
         self._bpf = isolate.seccomp_program(self.backend.name)
+        self._images = _images_config()
         self.cpu_slots = n
         self.max_slots = max(n, max_slots or n)
         self._idle_s = idle_s
@@ -297,7 +312,7 @@ class Sandbox:
 
     def _slot_main(self, slot: _Slot) -> None:
         try:
-            slot.worker = _WorkerProcess(self.backend, slot.index, self._python, self._bpf)
+            slot.worker = _WorkerProcess(self.backend, slot.index, self._python, self._bpf, self._images)
         except BaseException as e:  # noqa: BLE001 - the constructor (or nobody) reports it
             slot.error = e
         with self._cv:
@@ -391,7 +406,7 @@ class Sandbox:
             slot.worker.close()
         except Exception:  # noqa: BLE001
             pass
-        slot.worker = _WorkerProcess(self.backend, slot.index, self._python, self._bpf)
+        slot.worker = _WorkerProcess(self.backend, slot.index, self._python, self._bpf, self._images)
 
     # -- CPU accounting --
 

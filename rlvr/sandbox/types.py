@@ -11,6 +11,9 @@ Four kinds of job:
 - ``program``: run the candidate ``program`` as ``__main__`` with ``stdin``.
 - ``command``: execute ``argv`` (e.g. ``["python3", "-m", "pytest", "-q"]``) in the workspace.
 
+A job with ``image`` (a verified ``rlvr.images`` directory) runs on that image's interpreter and
+packages instead of the host's, and only that image is readable to it.
+
 Every job runs over a workspace: ``files`` written into a fresh directory, or an existing
 ``workdir`` (a ``Workspace`` snapshot). Files named in ``protected`` are read-only to the
 candidate and hash-checked after the run; ``read_only`` makes the whole workspace read-only.
@@ -61,6 +64,7 @@ class Job:
     limits: Limits = Limits()
     task_id: str = ""
     read_only: bool = False  # the workspace is read-only to the run (landlock; bwrap: --ro-bind)
+    image: str = ""  # a verified environment image's directory (rlvr.images): the run's interpreter
 
     @classmethod
     def io(cls, program: str, entry_point: str, inputs, **kw) -> Job:
@@ -86,7 +90,7 @@ class Job:
             "inputs": plaindata.dumps([tuple(a) for a in self.inputs]), "argv": list(self.argv),
             "stdin": self.stdin, "files": self.files, "protected": list(self.protected),
             "workdir": self.workdir, "env": self.env, "limits": self.limits.to_dict(),
-            "read_only": self.read_only,
+            "read_only": self.read_only, "image": self.image,
         }
 
 

@@ -29,16 +29,12 @@ import sys
 import time
 import traceback
 
-from rlvr.sandbox import bwrap, harness, isolate, kernel
+from rlvr.sandbox import bwrap, harness, image_exec, isolate, kernel
+from rlvr.sandbox.harness import NO_PYCACHE, read_installed_bytecode
 
 F_SETPIPE_SZ = 1031
 REPORT_MAX = 16 << 20
 SETUP_FAILED = "rlvr.sandbox: setup failed"
-# Bytecode caches live nowhere (a path that cannot exist), so a candidate cannot plant a .pyc
-# that a later import (of the tests, say) would load instead of the checked source. Only the
-# interpreter's and the environment's own modules read their installed caches
-# (``read_installed_bytecode``): the host wrote those, and no run can write there.
-NO_PYCACHE = "/dev/null/rlvr-no-pycache"
 # Imported once here so runs get them for free; kept lean, since every page of the worker is
 # page-table work in each fork.
 PRELOAD = ("math", "itertools", "functools", "collections", "heapq", "bisect", "re", "string",
@@ -125,17 +121,20 @@ class Worker:
             kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
             if self.cfg.get("owner") and os.getppid() != self.cfg["owner"]:
                 raise SystemExit("the pool that started this worker is gone")  # died meanwhile
+        # Environment images (and the harness copy they run) must be reachable; which of them
+        # a run may read is decided per run (``isolate.enter(extra_read=...)``).
+        reachable = isolate.python_paths() + ([self.cfg["images"]] if self.cfg.get("images") else [])
         if self.backend in ("forkserver", "bwrap"):
             kernel.unshare(kernel.CLONE_NEWNS | kernel.CLONE_NEWNET)
             kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
-            isolate.expose_paths(isolate.python_paths())
-            isolate.hide_socket_dirs([self.base, *isolate.python_paths()])
+            isolate.expose_paths(reachable)
+            isolate.hide_socket_dirs([self.base, *reachable])
         elif self.backend == "forkserver-userns":
             real_uid, real_gid = os.getuid(), os.getgid()
             kernel.unshare(kernel.CLONE_NEWUSER | kernel.CLONE_NEWNS | kernel.CLONE_NEWNET)
             kernel.write_id_maps(0, real_uid, 0, real_gid)
             kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
-            isolate.hide_socket_dirs([self.base, *isolate.python_paths()])
+            isolate.hide_socket_dirs([self.base, *reachable])
         os.makedirs(self.base, mode=0o711, exist_ok=True)
         bpf = bytes.fromhex(self.cfg["seccomp_bpf"]) if self.cfg.get("seccomp_bpf") else None
         self.plan = isolate.build_plan(self.backend, uid, self.base, bpf)
@@ -219,6 +218,8 @@ class Worker:
     def _child(self, job: dict, ws: str, pipes: dict) -> None:
         code = 70
         use_bwrap = self.backend == "bwrap" and job["kind"] == "command"
+        image = job.get("image") or ""
+        job_fd = None
         try:
             for name, (r, w) in pipes.items():  # the worker's ends, never the run's
                 os.close(w if name in ("trusted", "stdin") else r)
@@ -230,15 +231,30 @@ class Worker:
             keep = [pipes["rep"][1], pipes["trusted"][0]]
             # The weak backend forbids new processes, so a tests job filters after its split.
             split_first = not self.plan.pid_namespace and job["kind"] == "tests"
+            extra = []
+            if image:
+                if split_first:
+                    raise RuntimeError("a tests job on an environment image needs a strict backend")
+                image = os.path.realpath(image)
+                if not self.cfg.get("harness") or os.path.dirname(image) != self.cfg["images"]:
+                    raise RuntimeError(f"image {image} is not under this pool's images root")
+                extra = [image, self.cfg["harness"]]
+                if job["kind"] != "command":  # the job, for the image's harness to read
+                    job_fd = os.memfd_create("rlvr-job")
+                    harness.write_all(job_fd, json.dumps(job).encode())
+                    os.lseek(job_fd, 0, os.SEEK_SET)
+                    keep.append(job_fd)
             isolate.enter(self.plan, ws, job["limits"], keep, landlock=not use_bwrap,
                           filter_syscalls=not (use_bwrap or split_first), parent_fd=1,
-                          read_only=bool(job.get("read_only")))
+                          read_only=bool(job.get("read_only")), extra_read=extra)
         except BaseException:  # noqa: BLE001 - never run untrusted code half-isolated
             os.write(2, f"{SETUP_FAILED}: {traceback.format_exc()}".encode())
             harness.flush_and_exit(70)
         try:
             if job["kind"] == "command":
-                self._exec(job, ws, use_bwrap)
+                self._exec(job, ws, use_bwrap, extra)
+            if image:
+                self._exec_harness(job, ws, image, (job_fd, pipes["trusted"][0], pipes["rep"][1]))
             os.environ.update({"HOME": ws, "TMPDIR": ws, **job.get("env", {})})
             sys.pycache_prefix = NO_PYCACHE
             read_installed_bytecode(ws)
@@ -255,22 +271,34 @@ class Worker:
             traceback.print_exc()
         harness.flush_and_exit(code)
 
-    def _exec(self, job: dict, ws: str, use_bwrap: bool) -> None:
+    def _exec(self, job: dict, ws: str, use_bwrap: bool, extra_read: list[str]) -> None:
         # Everything the run's process calls is imported by the worker beforehand: after the
         # switch to the slot uid the rlvr checkout may not be readable.
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": ws, "TMPDIR": ws,
+        image = job.get("image") or ""
+        bin_dirs = (os.path.join(image, "venv", "bin") + ":") if image else ""
+        env = {"PATH": f"{bin_dirs}/usr/local/bin:/usr/bin:/bin", "HOME": ws, "TMPDIR": ws,
                "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
                "PYTHONPYCACHEPREFIX": NO_PYCACHE, **job.get("env", {})}
         argv = list(job["argv"])
         if argv and argv[0] in ("python", "python3"):
-            argv[0] = sys.executable  # the interpreter rlvr runs on, with its packages
+            # the image's interpreter, or the one rlvr runs on, with its packages
+            argv[0] = image_exec.python_of(image) if image else sys.executable
         if use_bwrap:
             argv = bwrap.wrap(self.cfg["bwrap"], argv, ws, job.get("protected", []),
-                           isolate.SYSTEM_READ_ONLY + isolate.python_paths(), env,
-                           workdir_read_only=bool(job.get("read_only")))
+                              isolate.SYSTEM_READ_ONLY + isolate.python_paths() + extra_read, env,
+                              workdir_read_only=bool(job.get("read_only")))
             env = {}
         path = shutil.which(argv[0], path=env.get("PATH", "/usr/bin:/bin")) or argv[0]
         os.execve(path, argv, env)
+
+    def _exec_harness(self, job: dict, ws: str, image: str, fds: tuple[int, int, int]) -> None:
+        """An io/tests/program job on an image: its interpreter runs the harness copy."""
+        for fd in fds:
+            os.set_inheritable(fd, True)
+        env = {"PATH": f"{os.path.join(image, 'venv', 'bin')}:/usr/local/bin:/usr/bin:/bin", "HOME": ws,
+               "TMPDIR": ws, "LANG": "C.UTF-8", **job.get("env", {})}
+        argv = image_exec.harness_argv(image, self.cfg["harness"], fds)
+        os.execve(argv[0], argv, env)
 
     def _collect(self, pid: int, pipes: dict, limits: dict, t0: float) -> dict:
         """Read the run's output until it exits, times out or writes too much; reap it."""
@@ -339,32 +367,6 @@ class Worker:
                 result = {"status": "error", "error": f"worker: {type(e).__name__}: {e}",
                           "duration_s": 0.0}
             write_frame(self.resp, json.dumps(result).encode())
-
-
-def read_installed_bytecode(ws: str) -> None:
-    """Imports of modules under the worker's own import path (the standard library, the
-    environment's packages, rlvr: files the host wrote and no run can) read their
-    ``__pycache__`` again; every other source, the workspace's above all, keeps the cache path
-    ``NO_PYCACHE``, so it is compiled and never read from a cache. Without this a run importing
-    numpy compiled it from source (0.45 s a job). An entry holding the workspace, or inside it,
-    is left out (it would let a run's own files in)."""
-    import _frozen_importlib_external as bootstrap
-
-    ws = os.path.join(os.path.abspath(ws), "")
-    entries = {os.path.join(os.path.abspath(p), "") for p in sys.path if p and os.path.isabs(p)}
-    roots = tuple(p for p in entries if p != os.sep and not ws.startswith(p) and not p.startswith(ws))
-    compiled = bootstrap.cache_from_source
-
-    def cache_from_source(path, debug_override=None, *, optimization=None):
-        if not os.path.abspath(path).startswith(roots):
-            return compiled(path, debug_override, optimization=optimization)
-        sys.pycache_prefix = None
-        try:
-            return compiled(path, debug_override, optimization=optimization)
-        finally:
-            sys.pycache_prefix = NO_PYCACHE
-
-    bootstrap.cache_from_source = cache_from_source
 
 
 def harness_argv(fds: tuple[int, int, int] = (3, 4, 5)) -> list[str]:

@@ -14,6 +14,8 @@ from rlvr.curriculum.pool import TaskPool
 from rlvr.curriculum.scheduler import Curriculum
 from rlvr.eval.suites import get_suite, tasks_of
 from rlvr.model.checkpoint import latest_checkpoint
+from rlvr.images.build import build as build_image
+from rlvr.images.spec import read_spec
 from rlvr.store import pull_if_missing
 from rlvr import oplog
 from rlvr.monitor.alerts import AlertLog
@@ -121,6 +123,8 @@ def task_sets(cfg: GRPOConfig, log_dir: Path) -> tuple[object | None, list[Task]
     """(the shared sandbox or None, the training pool's tasks, the periodic eval's tasks). The
     user's file tasks whose own answer fails their acceptance criteria are dropped; training on
     eval tasks is refused unless ``allow_eval_tasks``."""
+    for spec in cfg.images:  # before any task's code runs on one (cached: a verified lookup)
+        build_image(read_spec(spec))
     user_tasks = file_tasks(cfg.task_files, check=False)
     # The process-wide sandbox (the code verifier runs there), opened with this run's config.
     sandbox = shared_sandbox(cfg.sandbox, log_dir) if needs_sandbox(cfg.domains, user_tasks) else None

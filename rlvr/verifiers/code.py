@@ -14,6 +14,10 @@ sandbox run, then run in the sandbox against the task's hidden tests. Two spec f
   ``test`` defines ``check(candidate)`` (or ``test_*`` functions). The tests run in a process the
   candidate never touches (``Job.with_tests``).
 
+Either form may name an environment image (``"image": NAME``, ``rlvr.images``): the program then
+runs on that image's interpreter and packages, not the host's (a missing or corrupt image stops
+with a one-line error; docs/images.md).
+
 A failing run's ``score`` (partial credit, paid only with ``reward.outcome: score``) is the
 fraction of hidden cases (io) or tests passed *beyond what the best trivial program passes*: a
 program that returns one constant, or one of its arguments unchanged, scores 0 however many
@@ -288,15 +292,31 @@ def _prepare_program(program: str, spec: dict[str, Any], details: dict[str, Any]
         return _fail("no_entry_point",
                      {**details, "error": f"the program defines no top-level {entry_point!r}"})
     limits = _limits(spec.get("timeout", DEFAULT_TIMEOUT), task_id)
+    image = _image(spec, details, task_id)
     if "test" in spec:
         _check_test_source(spec["test"], task_id)
         tests = tests_with_prompt(spec["test"], spec.get("prompt_code") or "", entry_point)
-        job = Job.with_tests(program, tests, entry_point, limits=limits, task_id=task_id)
+        job = Job.with_tests(program, tests, entry_point, limits=limits, task_id=task_id, image=image)
         return _Pending(job, _finish_tests(details, asserted_baseline(spec["test"], entry_point)))
     inputs, expected = _decode_io(spec, task_id)
     given = _decode_given(spec, len(expected), task_id)
-    job = Job.io(program, entry_point, inputs, limits=limits, task_id=task_id)
+    job = Job.io(program, entry_point, inputs, limits=limits, task_id=task_id, image=image)
     return _Pending(job, io_verdict(expected, details, inputs, given))
+
+
+def _image(spec: dict[str, Any], details: dict[str, Any], task_id: str) -> str:
+    """The verified environment image the spec names (``image``), as the job's directory; "" for
+    the host's interpreter. A missing or corrupt image is a ``UserError``: never run without it."""
+    name = spec.get("image")
+    if not name:
+        return ""
+    if not isinstance(name, str):
+        raise UserError(f"task {task_id}: code spec 'image' must be an image name")
+    from rlvr.images.cache import resolve
+
+    image = resolve(name)
+    details["image"] = image.key[:12]
+    return str(image.path)
 
 
 def _decode_io(spec: dict[str, Any], task_id: str) -> tuple[list[tuple], list[Any]]:

@@ -1,0 +1,57 @@
+"""Running a job on an environment image's interpreter (``Job.image``, ``rlvr.images``).
+
+A run on an image cannot be a fork of the worker (the worker is the host's interpreter with the
+host's packages in memory), so after isolation its first process execs the image's ``python``: for
+``command`` jobs in place of the host's ``python``, for ``io``/``tests``/``program`` jobs running the
+harness (``harness.exec_main``) on the job, trusted and report fds. The harness and the modules it
+imports are stdlib-only; the pool copies them once into ``<images root>/.harness/<digest>/``
+(read-only), since the rlvr checkout itself is not readable inside the sandbox. That copy and the
+run's own image are the only extra paths the run may read: other images stay unreadable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+HARNESS_FILES = ("harness.py", "plaindata.py", "kernel.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def harness_copy(images_root: str) -> str:
+    """The read-only copy of the harness modules under ``images_root`` (made on first use)."""
+    sources = {name: open(os.path.join(HERE, name), "rb").read() for name in HARNESS_FILES}
+    digest = hashlib.sha256(b"".join(n.encode() + b"\0" + s for n, s in sorted(sources.items()))).hexdigest()
+    final = os.path.join(images_root, ".harness", digest[:16])
+    if os.path.isdir(final):
+        return final
+    staging = f"{final}.{os.getpid()}"
+    package = os.path.join(staging, "rlvr", "sandbox")
+    os.makedirs(package, exist_ok=True)
+    for path, data in [(os.path.join(staging, "rlvr", "__init__.py"), b""),
+                       (os.path.join(package, "__init__.py"), b""),
+                       *((os.path.join(package, n), s) for n, s in sources.items())]:
+        with open(path, "wb") as f:
+            f.write(data)
+        os.chmod(path, 0o444)
+    for d in (package, os.path.dirname(package), staging):
+        os.chmod(d, 0o555)
+    try:
+        os.rename(staging, final)
+    except OSError:  # another pool made it first
+        for d in (staging, os.path.dirname(package), package):
+            os.chmod(d, 0o755)
+        import shutil
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def python_of(image: str) -> str:
+    return os.path.join(image, "venv", "bin", "python")
+
+
+def harness_argv(image: str, harness_dir: str, fds: tuple[int, int, int]) -> list[str]:
+    """The image's interpreter running the harness copy on (job, trusted, report) fds."""
+    boot = (f"import sys; sys.path.insert(0, {harness_dir!r}); from rlvr.sandbox.harness import "
+            "exec_main; exec_main(sys.argv[1:])")
+    return [python_of(image), "-I", "-c", boot, *map(str, fds)]
