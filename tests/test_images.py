@@ -33,11 +33,17 @@ def sha256(path: Path) -> str:
 
 @pytest.fixture
 def wheels(tmp_path, monkeypatch):
-    """A wheel directory with rlvrprobe 1.0 and 2.0, and a fresh images root (``RLVR_IMAGES``)."""
+    """A wheel directory with rlvrprobe 1.0 and 2.0, and a fresh images root (``RLVR_IMAGES``).
+    A sandbox pool knows its images root from its start: the process-wide one is closed before
+    (so this test's opens on its root) and after (so no later test gets a pool on this one)."""
+    from rlvr.sandbox.config import close_shared_sandbox
+
+    close_shared_sandbox()
     monkeypatch.setenv("RLVR_IMAGES", str(tmp_path / "images"))
     directory = tmp_path / "wheels"
     directory.mkdir()
-    return {v: wheel(directory, v) for v in ("1.0", "2.0")}
+    yield {v: wheel(directory, v) for v in ("1.0", "2.0")}
+    close_shared_sandbox()
 
 
 def spec_file(tmp_path: Path, name: str, whl: Path, **extra) -> Path:
@@ -183,6 +189,27 @@ def test_conflicting_images_run_side_by_side_each_seeing_only_its_own(two_images
         assert prog.exit_code == 0 and prog.stdout.strip() == "1.0"
         outside = sandbox.run(Job.io(program, "f", [()], image="/usr"))
         assert outside.status != "ok" and "not under this pool's images root" in outside.stderr
+
+
+def test_a_verifier_worker_on_a_new_node_builds_the_runs_images_from_their_specs(wheels, tmp_path, monkeypatch):
+    """A Ray verifier actor gets the run's specs (``RayWorkers(images=...)``): on a node whose cache
+    lacks them it builds them before taking work, then its jobs run on them; one whose cache holds
+    them only verifies them."""
+    from rlvr.sandbox import Job
+    from rlvr.sandbox.config import SandboxConfig
+    from rlvr.workers.actors import VerifierWorker
+
+    spec = read_spec(spec_file(tmp_path, "probe-one", wheels["1.0"]))
+    assert cache.images() == []  # this node's cache is empty
+    worker = VerifierWorker(None, SandboxConfig(workers=1), str(tmp_path / "verifier-0"), False, (spec,))
+    assert [i.name for i in cache.images()] == ["probe-one"]
+    image = cache.resolve("probe-one")
+    results, _ = worker.run_jobs([Job.io("import rlvrprobe\ndef f():\n    return rlvrprobe.VERSION\n", "f", [()],
+                                         image=str(image.path))])
+    assert results[0].outputs == [{"ok": "1.0"}]
+    built_at = (image.path / cache.MANIFEST).stat().st_mtime
+    VerifierWorker(None, SandboxConfig(workers=1), str(tmp_path / "verifier-1"), False, (spec,))
+    assert (image.path / cache.MANIFEST).stat().st_mtime == built_at  # found and verified, not rebuilt
 
 
 def code_task(i: int, image: str, version: str) -> dict:

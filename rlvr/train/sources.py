@@ -145,6 +145,7 @@ def dynamic_sampling(cfg: GRPOConfig) -> dict:
 
 def ray_workers(run: Run, cfg: GRPOConfig, verify: Callable, engine: torch.nn.Module | None = None):
     """The rollout and verifier actors of a ``backend: ray`` run, serving the sampling policy."""
+    from rlvr.images.spec import read_spec
     from rlvr.workers.ray_rollout import RayWorkers
 
     if engine is None and run.policy.is_lora:
@@ -153,7 +154,8 @@ def ray_workers(run: Run, cfg: GRPOConfig, verify: Callable, engine: torch.nn.Mo
         return RayWorkers(model, run.tokenizer, params=sampling_params(run), batch_size=cfg.rollout.batch_size,
                           verify=verify, cfg=cfg.ray, env_cfg=cfg.env, sandbox_cfg=cfg.sandbox,
                           needs_sandbox=run.sandbox is not None, run_dir=run.dir, version=run.step,
-                          canary_tolerance=cfg.asynchronous.canary_tolerance, engine=engine)
+                          canary_tolerance=cfg.asynchronous.canary_tolerance, engine=engine,
+                          images=tuple(read_spec(path) for path in cfg.images))
 
 
 def mismatch_metric(run: Run, batch: RolloutBatch, train_metrics: dict, cfg: GRPOConfig) -> dict:

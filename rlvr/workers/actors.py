@@ -21,6 +21,7 @@ import torch
 from rlvr import oplog
 from rlvr.rollout.episodes import EnvPool, Episode, run_tasks
 from rlvr.rollout.weights import StaleWeightsError, check_canary
+from rlvr.images.build import build as build_image
 from rlvr.sandbox.config import SandboxConfig, shared_sandbox
 from rlvr.types import Task, Verdict
 
@@ -82,9 +83,14 @@ class RolloutWorker:
 
 
 class VerifierWorker:
-    def __init__(self, verify, sandbox_cfg: SandboxConfig, work_dir: str, open_sandbox: bool) -> None:
+    def __init__(self, verify, sandbox_cfg: SandboxConfig, work_dir: str, open_sandbox: bool,
+                 images: tuple = ()) -> None:
         torch.set_num_threads(1)
         self.verify_fn, self.sandbox_cfg, self.work_dir = verify, sandbox_cfg, work_dir
+        # The run's environment images (``ImageSpec``s) reach this node by their spec: found in its
+        # cache and verified, or built here; a task's image is verified again before each use.
+        for spec in images:
+            build_image(spec)
         if open_sandbox:  # the run's sandbox settings, before a verifier opens the default
             self.sandbox()
 
