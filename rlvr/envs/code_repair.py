@@ -57,6 +57,8 @@ class CodeRepairEnv(ToolEnv):
         "submit": None,
     }
 
+    file_limits: dict[str, int] = {}  # trusted limits of write_file/replace (repo.fix: a real repository)
+
     def __init__(self, cfg: EnvConfig | None = None, *, sandbox: Any = None) -> None:
         super().__init__(cfg, sandbox=sandbox)
         self._ws = None
@@ -134,15 +136,15 @@ class CodeRepairEnv(ToolEnv):
 
     # -- tools (arguments are checked against the schema and the grant by ``run_tool``) --
 
-    def _granted(self, tool: str, body, **arguments) -> str:
-        return run_granted(self._sandbox(), tool, body, self.grants[tool], arguments,
+    def _granted(self, tool: str, body, context: dict[str, Any] | None = None, **arguments) -> str:
+        return run_granted(self._sandbox(), tool, body, self.grants[tool], arguments, context=context,
                            workdir=self._ws.path, task_id=self.task.id)
 
     def _put(self, tool: str, path: str, **arguments) -> str:
         if path in self._protected:  # workspace paths are normalized: no "./x" or "a/../x"
             self._tamper.append(path)
             raise ToolCallError(f"error: {path} is a test file; it is read-only")
-        return self._granted(tool, getattr(files, tool), path=path, **arguments)
+        return self._granted(tool, getattr(files, tool), context=dict(self.file_limits) or None, path=path, **arguments)
 
     def _list_files(self) -> str:
         return self._granted("list_files", files.list_files)

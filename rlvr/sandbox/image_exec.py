@@ -20,7 +20,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def harness_copy(images_root: str) -> str:
     """The read-only copy of the harness modules under ``images_root`` (made on first use)."""
-    sources = {name: open(os.path.join(HERE, name), "rb").read() for name in HARNESS_FILES}
+    sources = {}
+    for name in HARNESS_FILES:
+        with open(os.path.join(HERE, name), "rb") as f:
+            sources[name] = f.read()
     digest = hashlib.sha256(b"".join(n.encode() + b"\0" + s for n, s in sorted(sources.items()))).hexdigest()
     final = os.path.join(images_root, ".harness", digest[:16])
     if os.path.isdir(final):

@@ -39,6 +39,9 @@ MS_NODEV = 4
 MS_BIND = 4096
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
+MS_SLAVE = 1 << 19
+MS_SHARED = 1 << 20
+MNT_DETACH = 2
 AT_FDCWD = -100
 
 # x86_64 and aarch64 share the numbers of these newer syscalls (the "generic" table).
@@ -78,6 +81,10 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int = 0,
     enc = (lambda s: None if s is None else s.encode())
     _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
            f"mount {target}")
+
+
+def umount(target: str, flags: int = 0) -> None:
+    _check(_libc.umount2(target.encode(), ctypes.c_int(flags)), f"umount {target}")
 
 
 def open_tree_clone(path: str) -> int:

@@ -107,6 +107,17 @@ def _images_config() -> dict[str, str]:
         return {}
 
 
+def _overlays_ready() -> None:
+    """Overlay workspaces (``overlay``) mounted after the workers start reach them only under a
+    shared mount point that exists before they do."""
+    from rlvr.sandbox import overlay
+
+    try:
+        overlay.overlay_root()
+    except OSError as e:
+        warnings.warn(f"sandbox: overlay workspaces unavailable ({e})", stacklevel=3)
+
+
 class _SlotLock:
     """An exclusive claim on one sandbox uid, held for the pool's life."""
 
@@ -241,6 +252,7 @@ class Sandbox:
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size or 4 * n)
         self._bpf = isolate.seccomp_program(self.backend.name)
         self._images = _images_config()
+        _overlays_ready()
         self.cpu_slots = n
         self.max_slots = max(n, max_slots or n)
         self._idle_s = idle_s

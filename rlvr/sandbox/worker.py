@@ -126,7 +126,9 @@ class Worker:
         reachable = isolate.python_paths() + ([self.cfg["images"]] if self.cfg.get("images") else [])
         if self.backend in ("forkserver", "bwrap"):
             kernel.unshare(kernel.CLONE_NEWNS | kernel.CLONE_NEWNET)
-            kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+            # A slave, not private: overlay workspaces mounted later under the shared
+            # ``overlay.ROOT`` still appear here; nothing mounted here propagates back.
+            kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_SLAVE)
             isolate.expose_paths(reachable)
             isolate.hide_socket_dirs([self.base, *reachable])
         elif self.backend == "forkserver-userns":

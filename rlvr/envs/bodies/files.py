@@ -13,8 +13,8 @@ import os
 import stat
 
 OK = "ok"  # what a successful edit answers
-MAX_FILE_CHARS = 4000  # a write_file/replace result longer than this is refused
-MAX_FILES = 32  # files the workspace may hold (write_file refuses new ones past it)
+MAX_FILE_CHARS = 4000  # a write_file/replace result longer than this is refused (default)
+MAX_FILES = 32  # files the workspace may hold (write_file refuses new ones past it; default)
 MAX_READ_BYTES = 1 << 20
 
 
@@ -67,12 +67,12 @@ def _mkdirs(parent: str) -> None:
             os.chmod(d, 0o1777)
 
 
-def write_file(path: str, content: str) -> str:
-    if len(content) > MAX_FILE_CHARS:
-        raise ValueError(f"content too long (over {MAX_FILE_CHARS} characters)")
+def write_file(path: str, content: str, max_chars: int = MAX_FILE_CHARS, max_files: int = MAX_FILES) -> str:
+    if len(content) > max_chars:
+        raise ValueError(f"content too long (over {max_chars} characters)")
     try:
-        if not os.path.lexists(path) and len(_files()) >= MAX_FILES:
-            raise ValueError(f"too many files (at most {MAX_FILES})")
+        if not os.path.lexists(path) and len(_files()) >= max_files:
+            raise ValueError(f"too many files (at most {max_files})")
         _mkdirs(os.path.dirname(path))
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
         with os.fdopen(fd, "w") as f:
@@ -86,7 +86,7 @@ def write_file(path: str, content: str) -> str:
     return OK
 
 
-def replace(path: str, old: str, new: str) -> str:
+def replace(path: str, old: str, new: str, max_chars: int = MAX_FILE_CHARS, max_files: int = MAX_FILES) -> str:
     if old == new:
         raise ValueError("old and new are the same; nothing changed")
     try:
@@ -95,4 +95,4 @@ def replace(path: str, old: str, new: str) -> str:
         if str(e).startswith(("no file", "cannot read")):
             raise
         raise ValueError(f"old text {e} in {path}") from None
-    return write_file(path, text)
+    return write_file(path, text, max_chars, max_files)
