@@ -9,7 +9,8 @@ kept plain-data encoded. A task is the repository at the bug's commit (``rlvr.en
 the ``repo.fix`` environment.
 
 Levels: 1 names the function and file and shows a call with what it should return; 2 gives only
-the issue text. The scripted expert patches the injected line back and submits.
+the issue text. The scripted expert patches the injected line back and submits. The set is fixed
+(``count(split)`` tasks a split; ``generate_tasks`` asked for more says how many exist).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ class RepoFixDomain(Domain):
     needs_sandbox = True
     env = NAME
 
+    def count(self, split: str) -> int:
+        """How many distinct tasks ``split`` holds: a fixed set (one per bug of the split and level)."""
+        return len(self.levels) * sum(bug["split"] == split for _, bug in problems())
+
     def in_split(self, problem: Problem, split: str) -> bool:
         return problem.spec.payload["split"] == split  # chosen per bug in bugs.json
 
@@ -62,7 +67,7 @@ class RepoFixDomain(Domain):
                    "split": bug["split"], "protected": []}
         turns = [(format_call("replace", {"path": bug["file"], "old": bug["bad"], "new": bug["good"]}), OK),
                  (format_call("submit"), None)]
-        return Problem(key=f"{repo}:{bug['id']}", prompt=prompt, spec=Spec(NAME, payload),
+        return Problem(key=f"{repo}:{bug['id']}/L{level}", prompt=prompt, spec=Spec(NAME, payload),
                        reference=transcript(prompt, turns), actions=tuple(a for a, _ in turns))
 
     def corpus_text(self, problem: Problem, rng: random.Random) -> str:
