@@ -3,9 +3,9 @@ read-only tree that every episode's workspace is layered over (``rlvr.sandbox.ov
 
 ``checkout(git_dir, commit)`` extracts the commit (``git archive``) into
 ``<images root>/repos/trees/<commit>/``: one tree per repository at a commit, shared by every task
-and episode on it. Files are 0666 and directories 1777 so that the sandbox's uid can edit the
-*overlay* over the tree (an overlay copies a file up with its mode); the tree itself is out of
-every run's reach (landlock allows only the run's workspace and the system). A tree counts only
+and episode on it. Files are 0666 and directories 0777 so that the sandbox's uid can edit, add,
+remove and rename in the *overlay* over the tree (an overlay copies a file up with its mode); the
+tree itself is out of every run's reach (landlock allows only the run's workspace and the system). A tree counts only
 when its manifest (``<commit>.json``: file count, digest) exists and, once per process, its digest
 matches: a partial or altered checkout is extracted again.
 
@@ -136,7 +136,7 @@ def checkout(git_dir: str | Path, commit: str) -> Path:
                         f"{archive.stderr.decode(errors='replace').strip()[:200]}")
     subprocess.run(["tar", "-x", "-C", str(staging)], input=archive.stdout, check=True)
     for dirpath, dirs, files in os.walk(staging):
-        os.chmod(dirpath, 0o1777)
+        os.chmod(dirpath, 0o777)
         for name in files:
             full = os.path.join(dirpath, name)
             if not os.path.islink(full):

@@ -71,7 +71,7 @@ class OverlayWorkspace:
     def _mount(self) -> None:
         upper, work = os.path.join(self.dir, "upper"), os.path.join(self.dir, "work")
         os.mkdir(upper)
-        os.chmod(upper, 0o1777)  # the merged root: the sandbox's uid may add files, not remove ours
+        os.chmod(upper, 0o777)  # the merged root: the sandbox's uid may add, remove and rename
         os.mkdir(work, 0o700)
         options = f"lowerdir={':'.join(self.lowers)},upperdir={upper},workdir={work}"
         kernel.mount("overlay", self.path, "overlay", kernel.MS_NOSUID | kernel.MS_NODEV, options)

@@ -52,8 +52,8 @@ class RepoFixDomain(Domain):
         commit = commits[bug["id"]]
         hidden = [(setup, expr) for setup, expr, _ in bug["hidden"]]
         expected = [plaindata.decode(want) for *_, want in bug["hidden"]]
-        shown_setup, shown_expr = bug["shown"]
-        shown_want = expected[[e for _, e in hidden].index(shown_expr)] if shown_expr in [e for _, e in hidden] else None
+        shown_setup, shown_expr = bug["shown"]  # one of the hidden cases (bugs.json is checked by the tests)
+        shown_want = expected[[e for _, e in hidden].index(shown_expr)]
         command = " ".join(spec["test_cmd"])
         if level == 1:
             what = (f"In {bug['file']}, {bug['function']} is wrong: after `{shown_setup}`, `{shown_expr}` should "
