@@ -228,3 +228,51 @@ def test_the_hidden_tests_never_reach_the_sandbox(env, tasks):
         assert found.stdout.strip() == "[]", found.stdout[-500:] + found.stderr[-500:]
     finally:
         probe_env.close()
+
+
+def test_your_own_repository_at_a_commit_with_a_build_step(tmp_path, monkeypatch):
+    """A task on a git directory of your own: its build step runs once in the sandbox over the
+    checkout (its output is in every workspace), the visible test command fails on the bug, the
+    expert passes the hidden tests, and a build that fails is one error and leaves no tree."""
+    from rlvr.envs.repos import git
+    from rlvr.errors import UserError
+    from rlvr.sandbox import plaindata
+    from rlvr.sandbox.config import close_shared_sandbox
+    from rlvr.types import Spec, Task
+
+    close_shared_sandbox()  # a pool on this test's images root
+    monkeypatch.setenv("RLVR_IMAGES", str(tmp_path / "images"))
+    repo = tmp_path / "mine"
+    (repo / "calc").mkdir(parents=True)
+    (repo / "calc" / "__init__.py").write_text("from calc.table import FACTOR\n\ndef scale(x):\n    return x + FACTOR\n")
+    (repo / "test_calc.py").write_text("from calc import scale\n\ndef test_scale():\n    assert scale(2) == 6\n")
+    git("-c", "init.defaultBranch=main", "init", "-q", cwd=repo)
+    git("add", "-A", cwd=repo)
+    git("commit", "-q", "-m", "buggy", cwd=repo)
+    commit = git("rev-parse", "HEAD", cwd=repo).strip()
+    build = ["python", "-c", "open('calc/table.py', 'w').write('FACTOR = 3\\n')"]
+    payload = {"repo": str(repo), "commit": commit, "build": build,
+               "test_cmd": ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_calc.py"],
+               "hidden": plaindata.encode([("import calc", "calc.scale(2)"), ("import calc", "calc.scale(10)")]),
+               "expected": plaindata.encode([6, 30]), "split": "train", "protected": []}
+    fix = format_call("replace", {"path": "calc/__init__.py", "old": "x + FACTOR", "new": "x * FACTOR"})
+    task = Task(id="mine/1", domain="file.repo", level=1, prompt=({"role": "user", "content": "Fix scale."},),
+                spec=Spec("repo.fix", payload), key="mine", env="repo.fix", actions=(fix, format_call("submit")))
+    env = ENVS.get("repo.fix")(EnvConfig(), sandbox=shared_sandbox())
+    try:
+        env.reset(task)
+        built = env.step(format_call("read_file", {"path": "calc/table.py"})).observation[0]["content"]
+        assert built == "FACTOR = 3\n"  # the build step's output
+        assert env.step(format_call("run_tests")).observation[0]["content"] == "1 failed"
+        unfixed, _ = play(env, task, [format_call("submit")])
+        assert not unfixed.passed
+        fixed, _ = play(env, task, list(task.actions))
+        assert fixed.passed, fixed
+        broken = Task(**{**task.__dict__, "id": "mine/2", "spec": Spec("repo.fix", {**payload, "build": ["python", "-c", "raise SystemExit(3)"]})})
+        with pytest.raises(UserError, match="repository build .* failed"):
+            env.reset(broken)
+    finally:
+        env.close()
+        close_shared_sandbox()
+    trees = tmp_path / "images" / "repos" / "trees"
+    assert len([p for p in trees.iterdir() if p.is_dir() and not p.name.startswith(".")]) == 1

@@ -1,7 +1,8 @@
 """``repo.fix``: a git repository at a commit as the workspace (SWE-style), judged by hidden tests.
 
 The task's payload names the repository (``repo``: ``vendored:<name>`` or a git directory), the
-``commit``, the visible ``test_cmd`` and the hidden tests (``hidden``: ``(setup, expression)`` pairs,
+``commit``, an optional ``build`` command (run once over the checkout, in the sandbox), an optional
+``image`` (``rlvr.images``: the repository's dependencies), the visible ``test_cmd`` and the hidden tests (``hidden``: ``(setup, expression)`` pairs,
 ``expected``: their plain-data values). The tools are ``code.repair``'s (``list_files``,
 ``read_file``, ``write_file``, ``replace``, ``run_tests``, ``submit``), under the same grants.
 
@@ -42,10 +43,15 @@ TIMING = re.compile(r" in [0-9.]+s")
 
 
 def tree_of(payload: dict[str, Any]) -> Path:
-    """The read-only checkout of the task's repository at its commit."""
+    """The read-only checkout of the task's repository at its commit (after its ``build`` step)."""
     repo = payload["repo"]
     git_dir = vendored(repo.split(":", 1)[1])[0] if repo.startswith("vendored:") else Path(repo)
-    return checkout(git_dir, payload["commit"])
+    image = ""
+    if payload.get("image"):
+        from rlvr.images.cache import resolve
+
+        image = str(resolve(payload["image"]).path)
+    return checkout(git_dir, payload["commit"], payload.get("build"), image)
 
 
 @ENVS.register("repo.fix")
@@ -55,7 +61,8 @@ class RepoFixEnv(CodeRepairEnv):
     grants = {**CodeRepairEnv.grants,
               "list_files": Grant(read=("*",), wall_s=2.0, memory_mb=512, output_kb=16),
               "read_file": Grant(read=("*",), wall_s=2.0, memory_mb=512, output_kb=64),
-              "run_tests": Grant(read=("*",), wall_s=20.0, memory_mb=1024, output_kb=16)}
+              # a repository's tests may write (pytest's temporary files): the workspace is the episode's own
+              "run_tests": Grant(read=("*",), write=("*",), wall_s=20.0, memory_mb=1024, output_kb=16)}
     file_limits = {"max_chars": 200_000, "max_files": 2_000}
 
     @staticmethod
@@ -75,7 +82,7 @@ class RepoFixEnv(CodeRepairEnv):
         from rlvr.sandbox.types import Job
 
         job = Job.command(self._payload["test_cmd"], workdir=self._ws.path, limits=self.grants["run_tests"].limits(),
-                          read_only=True, task_id=self.task.id, image=self._image())
+                          task_id=self.task.id, image=self._image())
         r = self._sandbox().run(job)
         if r.status == "timeout":
             return "error: the tests timed out"

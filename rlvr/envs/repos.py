@@ -109,13 +109,17 @@ def _digest(tree: Path) -> tuple[str, int]:
 _checked: set[str] = set()
 
 
-def checkout(git_dir: str | Path, commit: str) -> Path:
-    """The read-only tree of ``commit`` of the repository at ``git_dir`` (extracted once)."""
+def checkout(git_dir: str | Path, commit: str, build: list[str] | None = None, image: str = "") -> Path:
+    """The read-only tree of ``commit`` of the repository at ``git_dir`` (extracted once). ``build``:
+    a command run once in the sandbox over the fresh checkout (on ``image``'s interpreter, if
+    given), before the tree is recorded: its outputs are part of every workspace; a failing build
+    is a ``UserError`` and leaves no tree. A tree is kept per (commit, build, image)."""
     if not (len(commit) == 40 and all(c in "0123456789abcdef" for c in commit)):
         raise UserError(f"repository task: commit {commit!r} is not a full 40-hex commit id")
     trees = repos_root() / "trees"
     trees.mkdir(exist_ok=True)
-    tree, manifest = trees / commit, trees / f"{commit}.json"
+    name = commit if not build else f"{commit}-{hashlib.sha256(json.dumps([build, image]).encode()).hexdigest()[:12]}"
+    tree, manifest = trees / name, trees / f"{name}.json"
     if manifest.is_file() and tree.is_dir():
         if str(tree) in _checked:
             return tree
@@ -126,7 +130,7 @@ def checkout(git_dir: str | Path, commit: str) -> Path:
         manifest.unlink()  # altered or partial: never used; extracted again below
     if not Path(git_dir).exists():
         raise UserError(f"repository task: {git_dir} does not exist")
-    staging = trees / f".{commit}.{os.getpid()}"
+    staging = trees / f".{name}.{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     archive = subprocess.run(["git", "archive", "--format=tar", commit], cwd=git_dir, env=GIT_ENV, capture_output=True)
@@ -141,10 +145,34 @@ def checkout(git_dir: str | Path, commit: str) -> Path:
             full = os.path.join(dirpath, name)
             if not os.path.islink(full):
                 os.chmod(full, 0o777 if os.stat(full).st_mode & 0o100 else 0o666)
+    if build:
+        _build(staging, build, image)
     digest, n = _digest(staging)
     if tree.exists():
         shutil.rmtree(tree)
     os.rename(staging, tree)
-    manifest.write_text(json.dumps({"commit": commit, "git": str(git_dir), "files": n, "digest": digest}) + "\n")
+    manifest.write_text(json.dumps({"commit": commit, "git": str(git_dir), "build": build, "image": image,
+                                    "files": n, "digest": digest}) + "\n")
     _checked.add(str(tree))
     return tree
+
+
+def _build(tree: Path, build: list[str], image: str) -> None:
+    """Run a repository's build step in the sandbox over its fresh checkout (writable there)."""
+    from rlvr.sandbox.config import shared_sandbox
+    from rlvr.sandbox.types import Job, Limits
+
+    job = Job.command(list(build), workdir=str(tree), image=image,
+                      limits=Limits(wall_s=600.0, cpu_s=600, memory_mb=4096, processes=64, file_size_mb=256))
+    result = shared_sandbox().run(job)
+    if result.status != "ok" or result.exit_code != 0:
+        shutil.rmtree(tree, ignore_errors=True)
+        tail = (result.stderr.strip() or result.stdout.strip() or result.error).splitlines()[-1:] or [""]
+        raise UserError(f"repository build {' '.join(build)!r} failed ({result.status}, exit {result.exit_code}): "
+                        f"{tail[0][:300]}")
+    for dirpath, dirs, files in os.walk(tree):  # what the build wrote is editable in the overlay too
+        os.chmod(dirpath, 0o777)
+        for name in files:
+            full = os.path.join(dirpath, name)
+            if not os.path.islink(full):
+                os.chmod(full, 0o777 if os.stat(full).st_mode & 0o100 else 0o666)
