@@ -212,6 +212,49 @@ def test_a_verifier_worker_on_a_new_node_builds_the_runs_images_from_their_specs
     assert (image.path / cache.MANIFEST).stat().st_mtime == built_at  # found and verified, not rebuilt
 
 
+def test_an_image_travels_through_the_store_and_is_verified_on_arrival(wheels, tmp_path, monkeypatch):
+    """Built and pushed on one machine, fetched (not built) on another; a tar changed in the store,
+    or an upload whose tree no longer matches its own manifest, is refused and leaves nothing."""
+    import tarfile
+
+    from rlvr.store import RunStore, StoreConfig
+
+    store = StoreConfig(url=f"file://{tmp_path / 'store'}")
+    spec = read_spec(spec_file(tmp_path, "probe-one", wheels["1.0"]))
+    first = build(spec, store=store)
+    assert first.source == "built"
+    monkeypatch.setenv("RLVR_IMAGES", str(tmp_path / "machine-b"))
+    second = build(spec, store=store)
+    assert second.source == "store" and second.image.key == first.image.key
+    assert (second.image.path / "build.log").read_text() == (first.image.path / "build.log").read_text()
+    assert main(["envs", "build", str(spec_file(tmp_path, "probe-one", wheels["1.0"])), "--store", store.url]) == 0
+
+    key = first.image.key
+    tar = tmp_path / "store" / "images" / key / "files" / "image.tar"
+    good = tar.read_bytes()
+    tar.write_bytes(good[:-1024] + b"x" * 1024)
+    monkeypatch.setenv("RLVR_IMAGES", str(tmp_path / "machine-c"))
+    with pytest.raises(UserError, match="does not match its manifest"):
+        build(spec, store=store)
+    assert cache.images() == [] and not (cache.root() / key).exists()
+
+    altered = tmp_path / "altered"  # a well-formed upload whose tree was changed after the build
+    tar.write_bytes(good)
+    with tarfile.open(tar) as t:
+        t.extractall(altered, filter="fully_trusted")
+    module = next(altered.rglob("rlvrprobe/__init__.py"))
+    os.chmod(module, 0o644)
+    module.write_text("VERSION = 'evil'\n")
+    repacked = tmp_path / "image.tar"
+    with tarfile.open(repacked, "w") as t:
+        t.add(altered / key, arcname=key)
+    RunStore(store).push(f"images/{key}", {"image.tar": repacked})
+    monkeypatch.setenv("RLVR_IMAGES", str(tmp_path / "machine-d"))
+    with pytest.raises(UserError, match="is corrupt"):
+        build(spec, store=store)
+    assert cache.images() == [] and not (cache.root() / key).exists()
+
+
 def code_task(i: int, image: str, version: str) -> dict:
     solution = "import rlvrprobe\n\ndef version():\n    return rlvrprobe.VERSION\n"
     return {"id": f"probe-{image}-{i}", "domain": f"file.{image}", "level": 1,

@@ -13,7 +13,7 @@ import pytest
 import rlvr.envs  # noqa: F401  (registration)
 import rlvr.tasks  # noqa: F401
 from rlvr.envs.base import ENVS, EnvConfig
-from rlvr.envs.repos import bugs, checkout, vendored
+from rlvr.tasks.repos import bugs, checkout, vendored
 from rlvr.sandbox import overlay
 from rlvr.sandbox.config import shared_sandbox
 from rlvr.tasks.base import DOMAINS, generate_tasks
@@ -94,7 +94,7 @@ def test_vendored_repositories_are_git_repositories_at_fixed_commits(tmp_path, m
 
 
 def test_an_altered_checkout_is_never_used(tmp_path, monkeypatch):
-    from rlvr.envs import repos
+    from rlvr.tasks import repos
 
     monkeypatch.setenv("RLVR_IMAGES", str(tmp_path / "images"))
     git_dir, commits = vendored("inflection")
@@ -234,7 +234,7 @@ def test_your_own_repository_at_a_commit_with_a_build_step(tmp_path, monkeypatch
     """A task on a git directory of your own: its build step runs once in the sandbox over the
     checkout (its output is in every workspace), the visible test command fails on the bug, the
     expert passes the hidden tests, and a build that fails is one error and leaves no tree."""
-    from rlvr.envs.repos import git
+    from rlvr.tasks.repos import git
     from rlvr.errors import UserError
     from rlvr.sandbox import plaindata
     from rlvr.sandbox.config import close_shared_sandbox

@@ -109,7 +109,7 @@ def test_episode_tasks_of_every_environment_round_trip(tmp_path):
     ({**MATH.to_dict(), "prompt": "Compute 2 + 3."}, "field 'prompt' is not a non-empty list"),
     ({**MATH.to_dict(), "spec": {"kind": "nope", "payload": {}}}, "field 'spec.kind' names no verifier 'nope'"),
     ({"question": "2+2?"}, "field 'prompt' is missing; name the prompt column with --map prompt=COLUMN"),
-    ({**MATH.to_dict(), "env": "nope"}, "field 'env' names no environment 'nope'; choose one of: code.repair, data.analysis, tool.use"),
+    ({**MATH.to_dict(), "env": "nope"}, "field 'env' names no environment 'nope'; choose one of: code.repair, data.analysis, repo.fix, tool.use"),
     ({**MATH.to_dict(), "env": "tool.use"}, "field 'spec.kind' is 'math'; a task of environment 'tool.use' has spec kind"),
     (HE[0], "field 'id' repeats task 'file:tasks/HE/0' \\(line 1\\)"),
 ])

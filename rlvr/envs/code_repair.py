@@ -39,7 +39,7 @@ HIDDEN_WALL_S = 5.0  # the hidden tests at verify time
 MAX_TESTS_OUTPUT = 600
 
 
-def _limits(wall_s: float):
+def hidden_limits(wall_s: float):
     from rlvr.sandbox.types import Limits
 
     return Limits(wall_s=wall_s, cpu_s=max(1, int(wall_s)))
@@ -207,7 +207,7 @@ class CodeRepairEnv(ToolEnv):
                 return Verdict(False, 0.0, "syntax_error", {"error": error, "file": f"{module}.py"})
         job = Job.io(SHIM, "run", hidden, workdir=self._ws.path,
                      protected=tuple(self._payload["protected"]),
-                     limits=_limits(HIDDEN_WALL_S), task_id=self.task.id)
+                     limits=hidden_limits(HIDDEN_WALL_S), task_id=self.task.id)
         v = io_verdict(expected, {})(self._sandbox().run(job))
         return Verdict(v.passed, 1.0 if v.passed else 0.0, v.reason,
                        {**v.details, "fraction": v.score})

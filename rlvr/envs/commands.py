@@ -17,6 +17,8 @@ def add_parser(sub) -> None:
     actions.add_parser("list", help="the registered environments and their tools, then the built images")
     b = actions.add_parser("build", help="build environment images from spec files (cached by content key)")
     b.add_argument("specs", nargs="+", help="image spec YAML files (docs/images.md)")
+    b.add_argument("--store", default="", help="an object store URL (s3://, file://): fetch the image from there "
+                   "instead of building it; push what is built here")
     g = actions.add_parser("gc", help="remove least recently used images beyond a disk budget, and crashed builds")
     g.add_argument("--budget", default="5G", help="keep images up to this size in all, e.g. 500M, 5G (default 5G)")
     g.add_argument("--remove-corrupt", action="store_true", help="also verify every image and remove corrupt ones")
@@ -56,10 +58,12 @@ def _images(args) -> int:
     from rlvr.images.spec import read_spec
 
     if args.action == "build":
+        from rlvr.store import StoreConfig
+
         for path in args.specs:
-            done = build(read_spec(path))
+            done = build(read_spec(path), store=StoreConfig(url=args.store))
             i = done.image
-            how = "cached" if done.cached else "built"
+            how = {"cache": "cached", "store": f"fetched from {args.store}", "built": "built"}[done.source]
             print(f"{i.name:<20} {i.key[:12]}  {how} in {done.seconds:.2f} s  {i.size_bytes / 2**20:.1f} MiB  "
                   f"python {i.python}  {i.path}")
         return 0

@@ -7,7 +7,7 @@ The task's payload names the repository (``repo``: ``vendored:<name>`` or a git 
 ``read_file``, ``write_file``, ``replace``, ``run_tests``, ``submit``), under the same grants.
 
 The workspace is an overlay (``rlvr.sandbox.overlay``) over the commit's read-only tree
-(``rlvr.envs.repos.checkout``), created once per task and put back at every later reset of the
+(``rlvr.tasks.repos.checkout``), created once per task and put back at every later reset of the
 same task without copying the tree; without root it is a ``Workspace`` holding the tree. The
 visible tests are the repository's own (``run_tests`` runs ``test_cmd`` as a sandbox command and
 reports its summary line): editing, deleting or shadowing them, a ``conftest.py`` or anything else
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.envs.base import ENVS
+from rlvr.envs.code_repair import HIDDEN_WALL_S, MAX_TESTS_OUTPUT, CodeRepairEnv, hidden_limits
 from rlvr.envs.grants import Grant
-from rlvr.envs.code_repair import HIDDEN_WALL_S, MAX_TESTS_OUTPUT, CodeRepairEnv, _limits
-from rlvr.envs.repos import checkout, vendored
+from rlvr.tasks.repos import checkout, vendored
 from rlvr.sandbox import plaindata
 from rlvr.types import Verdict
 
@@ -106,7 +106,7 @@ class RepoFixEnv(CodeRepairEnv):
 
         hidden = [tuple(h) for h in plaindata.decode(self._payload["hidden"])]
         expected = plaindata.decode(self._payload["expected"])
-        job = Job.io(SHIM, "run", hidden, workdir=self._ws.path, limits=_limits(HIDDEN_WALL_S),
+        job = Job.io(SHIM, "run", hidden, workdir=self._ws.path, limits=hidden_limits(HIDDEN_WALL_S),
                      task_id=self.task.id, image=self._image())
         v = io_verdict(expected, {})(self._sandbox().run(job))
         return Verdict(v.passed, 1.0 if v.passed else 0.0, v.reason, {**v.details, "fraction": v.score})

@@ -21,6 +21,7 @@ from pathlib import Path
 from rlvr.errors import UserError
 from rlvr.images import cache
 from rlvr.images.spec import ImageSpec
+from rlvr.store import StoreConfig
 
 MIN_FREE_BYTES = 256 << 20  # refused below this much free space (or 3x the local wheels)
 SETUP_TIMEOUT_S = 600
@@ -32,8 +33,9 @@ IDENTITY = ("import json, platform, sys, sysconfig; print(json.dumps({'implement
 @dataclass(frozen=True)
 class Built:
     image: cache.Image
-    cached: bool
+    cached: bool  # not built here: found in the cache or fetched from a store
     seconds: float
+    source: str = "cache"  # cache | store | built
 
 
 def uv_bin() -> str:
@@ -57,7 +59,7 @@ def interpreter(spec: ImageSpec) -> tuple[str, dict[str, str]]:
         python = getattr(sys, "_base_executable", sys.executable)
     out = subprocess.run([python, "-I", "-c", IDENTITY], capture_output=True, text=True, check=True)
     identity = json.loads(out.stdout)
-    prefix = identity.pop("prefix")
+    prefix = identity["prefix"]  # in the key: an image's venv links to its interpreter by path
     readable = (sys.base_prefix, "/usr")
     if not any(os.path.realpath(prefix).startswith(os.path.realpath(r)) for r in readable):
         raise UserError(f"{spec.source or spec.name}: python: {python} lives under {prefix}, which the "
@@ -65,8 +67,10 @@ def interpreter(spec: ImageSpec) -> tuple[str, dict[str, str]]:
     return python, identity
 
 
-def build(spec: ImageSpec, where: Path | None = None, *, min_free_bytes: int = MIN_FREE_BYTES) -> Built:
-    """The image of ``spec``: found in the cache (verified) or built now."""
+def build(spec: ImageSpec, where: Path | None = None, *, min_free_bytes: int = MIN_FREE_BYTES,
+          store: StoreConfig | None = None) -> Built:
+    """The image of ``spec``: found in the cache (verified), fetched from ``store`` (verified), or
+    built now (and pushed to ``store``)."""
     t0 = time.perf_counter()
     where = where or cache.root()
     python, identity = interpreter(spec)
@@ -77,6 +81,14 @@ def build(spec: ImageSpec, where: Path | None = None, *, min_free_bytes: int = M
         _name(where, spec.name, key)
         cache.touch_used(image, where)
         return Built(image, cached=True, seconds=time.perf_counter() - t0)
+    if store is not None and store.enabled:
+        from rlvr.images import remote
+
+        fetched = remote.fetch(key, store, where)
+        if fetched is not None:
+            _name(where, spec.name, key)
+            cache.touch_used(fetched, where)
+            return Built(fetched, cached=True, seconds=time.perf_counter() - t0, source="store")
     _check_space(spec, where, min_free_bytes)
     staging = where / ".staging" / f"{key[:16]}-{os.getpid()}"
     if staging.exists():
@@ -108,7 +120,11 @@ def build(spec: ImageSpec, where: Path | None = None, *, min_free_bytes: int = M
     image = cache.load(final)
     _name(where, spec.name, key)
     cache.touch_used(image, where)
-    return Built(image, cached=False, seconds=time.perf_counter() - t0)
+    if store is not None and store.enabled:
+        from rlvr.images import remote
+
+        remote.push(image, store)
+    return Built(image, cached=False, seconds=time.perf_counter() - t0, source="built")
 
 
 def _populate(spec: ImageSpec, python: str, staging: Path, where: Path, log: Path) -> None:

@@ -5,7 +5,7 @@ The repositories are vendored (``repo_data/``: inflection 0.5.1, MIT; toolz 1.0.
 the correct line (``good``) and the injected one (``bad``), a call that shows it, an issue text, the
 split it belongs to (chosen by hand: every repository has bugs in both), and the hidden tests:
 ``(setup, expression, expected)`` with the expected values computed from the unmodified code and
-kept plain-data encoded. A task is the repository at the bug's commit (``rlvr.envs.repos``), run in
+kept plain-data encoded. A task is the repository at the bug's commit (``rlvr.tasks.repos``), run in
 the ``repo.fix`` environment.
 
 Levels: 1 names the function and file and shows a call with what it should return; 2 gives only
@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import random
 
-from rlvr.envs.bodies.files import OK
-from rlvr.envs.repos import bugs, vendored
 from rlvr.sandbox import plaindata
 from rlvr.tasks.base import DOMAINS, Domain, Problem
-from rlvr.tasks.code_repair import transcript
+from rlvr.tasks.code_repair import OK, transcript
+from rlvr.tasks.repos import bugs, vendored
 from rlvr.tool_calls import format_call
 from rlvr.types import Spec
 

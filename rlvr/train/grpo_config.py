@@ -212,8 +212,9 @@ class GRPOConfig:
     docs/tasks.md). A malformed row stops the run naming file, line and field; a task whose own
     answer fails its acceptance criteria is dropped, and the run says how many were."""
     images: list[str] = field(default_factory=list)
-    """Environment image specs (YAML, ``rlvr.images``; docs/images.md) built, or found in the cache,
-    before the run starts; a task runs its code on the image its spec payload names (``image``)."""
+    """Environment image specs (YAML, ``rlvr.images``; docs/images.md) found in the cache, fetched from
+    ``store`` or built (then pushed there) before the run starts; a task runs its code on the image its
+    spec payload names (``image``)."""
     allow_eval_tasks: bool = False
     """Train on tasks that are also eval tasks (``eval.task_files``) or were written from an eval
     result (``rlvr tasks from-failures``); refused by default."""

@@ -123,8 +123,8 @@ def task_sets(cfg: GRPOConfig, log_dir: Path) -> tuple[object | None, list[Task]
     """(the shared sandbox or None, the training pool's tasks, the periodic eval's tasks). The
     user's file tasks whose own answer fails their acceptance criteria are dropped; training on
     eval tasks is refused unless ``allow_eval_tasks``."""
-    for spec in cfg.images:  # before any task's code runs on one (cached: a verified lookup)
-        build_image(read_spec(spec))
+    for spec in cfg.images:  # before any task's code runs on one: cached, fetched from the run's store, or built
+        build_image(read_spec(spec), store=cfg.store)
     user_tasks = file_tasks(cfg.task_files, check=False)
     # The process-wide sandbox (the code verifier runs there), opened with this run's config.
     sandbox = shared_sandbox(cfg.sandbox, log_dir) if needs_sandbox(cfg.domains, user_tasks) else None

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from rlvr.errors import UserError
 
-DATA = Path(__file__).resolve().parent.parent / "tasks" / "repo_data"
+DATA = Path(__file__).resolve().parent / "repo_data"
 GIT_ENV = {"GIT_AUTHOR_NAME": "rlvr", "GIT_AUTHOR_EMAIL": "rlvr@localhost", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000",
            "GIT_COMMITTER_NAME": "rlvr", "GIT_COMMITTER_EMAIL": "rlvr@localhost",
            "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000", "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent",
