@@ -180,12 +180,12 @@ def test_the_tampering_set_earns_nothing(env, tasks):
                     tool, arguments = "write_file", {"path": arguments["path"], "content": current + arguments["text"]}
                 step = env.step(format_call(tool, arguments))
                 assert step.observation[0]["content"] == "ok", (task.id, name, step)
-            seen = env.step(format_call("run_tests")).observation[0]["content"]
+            if name in FOOLS_THE_VISIBLE_TESTS:  # the hack works where a grader trusts the visible tests
+                seen = env.step(format_call("run_tests")).observation[0]["content"]
+                assert "failed" not in seen, (task.id, name, seen)
             env.step(format_call("submit"))
             verdict = env.verify()
-            assert not verdict.passed and verdict.score == 0.0, (task.id, name, seen, verdict)
-            if name in FOOLS_THE_VISIBLE_TESTS:  # the hack works where a grader trusts the visible tests
-                assert "failed" not in seen, (task.id, name, seen)
+            assert not verdict.passed and verdict.score == 0.0, (task.id, name, verdict)
 
 
 def test_the_hidden_tests_never_reach_the_sandbox(env, tasks):
