@@ -21,12 +21,10 @@ baseline).
 
 from __future__ import annotations
 
-import ast
 import builtins
 import json
 import os
 import sys
-import traceback
 
 from rlvr.sandbox import plaindata
 
@@ -47,6 +45,8 @@ class CandidateGone(RuntimeError):
 
 def count_tests(tests: str) -> int:
     """How many tests the trusted side expects: ``check`` counts once, else each ``test_*``."""
+    import ast  # here, not at the top: a run on an environment image imports this module fresh
+
     tree = ast.parse(tests)
     names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     if "check" in names:
@@ -219,6 +219,8 @@ def run_program(job: dict) -> int:
         print(code, file=sys.stderr)
         return 1
     except BaseException:  # noqa: BLE001
+        import traceback
+
         traceback.print_exc()
         return 1
     return 0
@@ -322,6 +324,8 @@ def exec_main(argv: list[str]) -> None:
         code = main(json.loads(read_all(job_fd)), trusted_fd=trusted_fd, report_fd=report_fd,
                     after_fork=after_fork)
     except BaseException:  # noqa: BLE001
+        import traceback
+
         traceback.print_exc()
     flush_and_exit(code)
 

@@ -37,13 +37,19 @@ def harness_copy(images_root: str) -> str:
         with open(path, "wb") as f:
             f.write(data)
         os.chmod(path, 0o444)
-    for d in (package, os.path.dirname(package), staging):
-        os.chmod(d, 0o555)
+    import compileall  # byte code for the host's interpreter version (5 ms less a run on it)
+
+    compileall.compile_dir(staging, quiet=1)
+    for dirpath, _dirs, files in os.walk(staging):
+        for name in files:
+            os.chmod(os.path.join(dirpath, name), 0o444)
+    for dirpath, _dirs, _files in sorted(os.walk(staging), key=lambda w: -len(w[0])):
+        os.chmod(dirpath, 0o555)
     try:
         os.rename(staging, final)
     except OSError:  # another pool made it first
-        for d in (staging, os.path.dirname(package), package):
-            os.chmod(d, 0o755)
+        for dirpath, _dirs, _files in os.walk(staging):
+            os.chmod(dirpath, 0o755)
         import shutil
         shutil.rmtree(staging, ignore_errors=True)
     return final

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+
+TYPE_CHECKING = False  # (typing is not imported at run time: a run on an image imports this fresh)
+if TYPE_CHECKING:
+    from typing import Any
 
 MAX_DEPTH = 64
 
