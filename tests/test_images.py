@@ -255,6 +255,27 @@ def test_an_image_travels_through_the_store_and_is_verified_on_arrival(wheels, t
     assert cache.images() == [] and not (cache.root() / key).exists()
 
 
+def test_a_task_file_names_the_image_of_all_its_rows(wheels, tmp_path):
+    """``options: {image: NAME}`` on a HumanEval-style file: every row's code runs on that image
+    (its reference passes there, and fails on an image with the other version)."""
+    from rlvr.tasks.files import load_tasks
+    from rlvr.tasks.rows import TaskFileConfig
+
+    for v in ("1.0", "2.0"):
+        build(read_spec(spec_file(tmp_path, f"probe-{v.replace('.', '')}", wheels[v])))
+    rows = [{"task_id": f"probe/{i}", "prompt": "import rlvrprobe\n\ndef version():\n",
+             "canonical_solution": "    return rlvrprobe.VERSION\n", "entry_point": "version",
+             "test": "def check(candidate):\n    assert candidate() == '1.0'\n"} for i in range(3)]
+    path = tmp_path / "humaneval.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    kept, dropped = load_tasks(TaskFileConfig(path=str(path), options={"image": "probe-10"}))
+    assert len(kept) == 3 and not dropped and all(t.spec.payload["image"] == "probe-10" for t in kept)
+    with pytest.raises(UserError, match="every task fails its own acceptance criteria"):
+        load_tasks(TaskFileConfig(path=str(path), options={"image": "probe-20"}))
+    with pytest.raises(UserError, match="every task fails"):  # the host has no rlvrprobe at all
+        load_tasks(TaskFileConfig(path=str(path)))
+
+
 def code_task(i: int, image: str, version: str) -> dict:
     solution = "import rlvrprobe\n\ndef version():\n    return rlvrprobe.VERSION\n"
     return {"id": f"probe-{image}-{i}", "domain": f"file.{image}", "level": 1,

@@ -23,8 +23,9 @@ Question-row fields:
     and the payload fields of verifiers: choices, schema, pattern, example, unit, abs_tol,
     rel_tol, test, entry_point
 
-``options`` adds fixed payload keys for every row (``{answer_at: last_line, abs_tol: 0.01}``); a
-row's own column wins. ``reward: [mod:fn, file.py:fn=0.5]`` makes custom Python functions the
+``options`` adds fixed payload keys for every row (``{answer_at: last_line, abs_tol: 0.01}``; on
+HumanEval and MBPP rows too, e.g. ``{image: NAME}``: every row's code runs on that environment
+image); a row's own column wins. ``reward: [mod:fn, file.py:fn=0.5]`` makes custom Python functions the
 acceptance criteria (spec kind ``python``; every column of the row but the prompt is passed to
 them). The prompt gets ``system_prompt`` (unless it has a system message) and an answer-format
 instruction: ``instruction: auto`` asks the verifier where the answer must be
@@ -34,6 +35,8 @@ Problems are ``RowError(field, message)``; the loader adds file and line.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import json
 import re
@@ -445,11 +448,15 @@ def _instruction(kind: str, payload: dict[str, Any], setting: str) -> str:
 def row_to_task(row: Row, cfg: TaskFileConfig, stem: str, index: int) -> Task | None:
     """The task of one row in whichever schema it is written (``RowError`` naming the field)."""
     obj = row.data
+    task = None
     if not cfg.map and "spec" not in obj:
         if "test_list" in obj:
-            return mbpp_task(obj, stem, row.where.rsplit(":", 1)[0], str(index))
-        if "canonical_solution" in obj or "task_id" in obj:
-            return humaneval_task(obj, stem, row.where.rsplit(":", 1)[0])
+            task = mbpp_task(obj, stem, row.where.rsplit(":", 1)[0], str(index))
+        elif "canonical_solution" in obj or "task_id" in obj:
+            task = humaneval_task(obj, stem, row.where.rsplit(":", 1)[0])
+    if task is not None:  # a code row: the file's options (e.g. {image: NAME}) join its payload
+        return dataclasses.replace(task, spec=Spec(task.spec.kind, {**cfg.options, **task.spec.payload})) \
+            if cfg.options else task
     if "spec" in obj and not cfg.map:
         return rlvr_task(obj)
     return question_task(row, cfg, stem, index)
