@@ -7,10 +7,9 @@
     (cached: the interpreter's identity, the key, the verified lookup); medians of ``rounds``.
     The cached target is < 10 s.
 (b) **per execution**: ``jobs`` io jobs (a small function, 5 inputs) through one sandbox pool on
-    the host's interpreter (a fork of the pre-warmed worker) and on the image (the run execs the
-    image's interpreter and the harness copy), the sides alternated in rounds; ms per job, medians,
-    the image/host ratio with its spread. The image path pays a fresh interpreter per run: that is
-    what an image costs.
+    the host's interpreter (a fork of the pre-warmed worker) and on the image (a fork of the
+    worker's warm worker on the image's interpreter, started on the first image job), the sides
+    alternated in rounds; ms per job, medians, the image/host ratio with its spread.
 """
 
 from __future__ import annotations

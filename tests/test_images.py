@@ -191,6 +191,26 @@ def test_conflicting_images_run_side_by_side_each_seeing_only_its_own(two_images
         assert outside.status != "ok" and "not under this pool's images root" in outside.stderr
 
 
+@pytest.mark.parametrize("backend, warm", [("forkserver", True), ("weak", False)])
+def test_image_runs_fork_from_a_warm_worker_or_exec_a_fresh_interpreter(two_images, backend, warm):
+    """Strict backends relay an image's jobs to a warm worker on its interpreter (the run is a fork
+    of it: the worker module is already in memory); the weak backend execs the image's interpreter
+    per run. Either way the run sees only its image, and the weak one refuses a tests job there."""
+    from rlvr.sandbox import Job, Sandbox
+
+    if not available(backend):
+        pytest.skip(f"no {backend} backend here")
+    one, _ = two_images
+    probe = ("import sys, rlvrprobe\ndef f():\n    return [rlvrprobe.VERSION, 'rlvr.sandbox.worker' in sys.modules,"
+             " sys.executable]\n")
+    with Sandbox(workers=1, backend=backend, allow_weak=True) as sandbox:
+        for _ in range(3):
+            result = sandbox.run(Job.io(probe, "f", [()], image=str(one.path)))
+            assert result.outputs == [{"ok": ["1.0", warm, str(one.path / "venv" / "bin" / "python")]}], result
+        tests = sandbox.run(Job.with_tests(probe, "def check(c):\n    assert c()[0] == '1.0'\n", "f", image=str(one.path)))
+        assert tests.passed == warm and (warm or "needs a strict backend" in tests.stderr)
+
+
 def test_a_verifier_worker_on_a_new_node_builds_the_runs_images_from_their_specs(wheels, tmp_path, monkeypatch):
     """A Ray verifier actor gets the run's specs (``RayWorkers(images=...)``): on a node whose cache
     lacks them it builds them before taking work, then its jobs run on them; one whose cache holds

@@ -1,12 +1,20 @@
 """Running a job on an environment image's interpreter (``Job.image``, ``rlvr.images``).
 
 A run on an image cannot be a fork of the worker (the worker is the host's interpreter with the
-host's packages in memory), so after isolation its first process execs the image's ``python``: for
-``command`` jobs in place of the host's ``python``, for ``io``/``tests``/``program`` jobs running the
-harness (``harness.exec_main``) on the job, trusted and report fds. The harness and the modules it
-imports are stdlib-only; the pool copies them once into ``<images root>/.harness/<digest>/``
-(read-only), since the rlvr checkout itself is not readable inside the sandbox. That copy and the
-run's own image are the only extra paths the run may read: other images stay unreadable.
+host's packages in memory). Two ways, the first preferred:
+
+- **warm**: the worker starts, inside its own namespaces, a second worker on the image's interpreter
+  (``worker._WarmWorker``: the same code, stdlib-only) and relays the image's jobs to it; its runs
+  fork from a warm interpreter whose path holds only the image's packages (a few ms a run);
+- **exec**: where no warm worker can run (the weak backend, or one that failed to start), after
+  isolation the run's first process execs the image's ``python``: for ``command`` jobs in place of
+  the host's ``python``, for ``io``/``tests``/``program`` jobs running the harness
+  (``harness.exec_main``) on the job, trusted and report fds (a fresh interpreter: ~12 ms more).
+
+The worker modules are stdlib-only; the pool copies them once, byte-compiled, into
+``<images root>/.harness/<digest>/`` (read-only), since the rlvr checkout itself is not readable
+inside the sandbox. Besides the system, a run on an image may read the image (and, on the exec path,
+that copy): other images stay unreadable.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-HARNESS_FILES = ("harness.py", "plaindata.py", "kernel.py")
+HARNESS_FILES = ("harness.py", "plaindata.py", "kernel.py", "worker.py", "isolate.py", "bwrap.py", "image_exec.py")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -35,6 +35,7 @@ from rlvr.sandbox.harness import NO_PYCACHE, read_installed_bytecode
 F_SETPIPE_SZ = 1031
 REPORT_MAX = 16 << 20
 SETUP_FAILED = "rlvr.sandbox: setup failed"
+MAX_WARM = 2  # warm image workers a worker keeps (the least recently used one is closed)
 # Imported once here so runs get them for free; kept lean, since every page of the worker is
 # page-table work in each fork.
 PRELOAD = ("math", "itertools", "functools", "collections", "heapq", "bisect", "re", "string",
@@ -108,6 +109,8 @@ class Worker:
         self.base = cfg["base"]
         self.counter = 0
         self.own_pidns = None
+        self.warm: dict[str, _WarmWorker] = {}  # image directory -> its warm worker
+        self.warm_failed: set[str] = set()
         self._setup()
 
     def _setup(self) -> None:
@@ -180,6 +183,15 @@ class Worker:
     # -- one run --
 
     def run(self, job: dict, trusted: bytearray) -> dict:
+        if job.get("image"):
+            warm = self._warm(job["image"])
+            if warm is not None:
+                try:
+                    return warm.call(job, trusted, self.resp)
+                except _WarmGone as e:  # lost before the run started: the exec path below runs it
+                    self._drop_warm(warm)
+                    if e.started:
+                        return {"status": "error", "error": "the image's worker died mid-run", "duration_s": 0.0}
         t0 = time.perf_counter()
         limits = job["limits"]
         try:
@@ -216,6 +228,34 @@ class Worker:
         _reap_orphans()
         out["duration_s"] = time.perf_counter() - t0
         return out
+
+    # -- environment images: a warm worker on the image's interpreter --
+
+    def _warm(self, image: str) -> _WarmWorker | None:
+        """The warm worker of ``image`` (started on first use, at most ``MAX_WARM`` kept); None
+        where it cannot start: the run then execs the image's interpreter (``_exec_harness``)."""
+        real = os.path.realpath(image)
+        if not self.cfg.get("harness") or os.path.dirname(real) != self.cfg.get("images") or self.backend == "weak":
+            return None
+        if real in self.warm:
+            self.warm[real] = self.warm.pop(real)  # most recently used last
+            return self.warm[real]
+        if real in self.warm_failed:
+            return None
+        try:
+            worker = _WarmWorker(real, {**self.cfg, "base": os.path.join(self.base, "img-" + os.path.basename(real)[:16]),
+                                        "owner": os.getpid()})
+        except (OSError, EOFError, ValueError, RuntimeError):
+            self.warm_failed.add(real)
+            return None
+        self.warm[real] = worker
+        while len(self.warm) > MAX_WARM:
+            self._drop_warm(next(iter(self.warm.values())))
+        return worker
+
+    def _drop_warm(self, worker: _WarmWorker) -> None:
+        self.warm.pop(worker.image, None)
+        worker.close()
 
     def _child(self, job: dict, ws: str, pipes: dict) -> None:
         code = 70
@@ -369,6 +409,78 @@ class Worker:
                 result = {"status": "error", "error": f"worker: {type(e).__name__}: {e}",
                           "duration_s": 0.0}
             write_frame(self.resp, json.dumps(result).encode())
+
+
+class _WarmGone(Exception):
+    def __init__(self, started: bool) -> None:
+        super().__init__("the image's warm worker is gone")
+        self.started = started
+
+
+class _WarmWorker:
+    """A worker like this one, running on an environment image's interpreter (this module and the
+    ones it imports are stdlib-only; they come from the pool's harness copy), started inside this
+    worker's namespaces: image runs fork from it in a few milliseconds instead of starting a fresh
+    interpreter each. Only that image's environment is on its path and readable to its runs."""
+
+    def __init__(self, image: str, cfg: dict) -> None:
+        self.image = image
+        lib = os.path.join(image, "venv", "lib")
+        site = [os.path.join(lib, d, "site-packages") for d in sorted(os.listdir(lib)) if d.startswith("python")]
+        boot = (f"import sys; sys.path[:0] = {[cfg['harness'], *site]!r}; "
+                "from rlvr.sandbox.worker import main; main()")
+        argv = [image_exec.python_of(image), "-I", "-S", "-c", boot, json.dumps(cfg)]
+        req_r, self.req = os.pipe()
+        self.resp, resp_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                os.dup2(req_r, 0)
+                os.dup2(resp_w, 1)
+                os.closerange(3, 1 << 16)
+                os.execve(argv[0], argv, {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+            finally:
+                os._exit(70)
+        os.close(req_r)
+        os.close(resp_w)
+        hello = json.loads(read_frame(self.resp))
+        if not hello.get("ready"):
+            self.close()
+            raise RuntimeError(f"image worker failed to start: {hello.get('error', '')[-300:]}")
+
+    def call(self, job: dict, trusted: bytearray, resp: int) -> dict:
+        """Run ``job`` there (as a plain job: the image is its own interpreter), relaying its
+        ``started`` frame to ``resp``; the trusted bytes are zeroed here once sent."""
+        started = False
+        try:
+            write_frame(self.req, json.dumps({"job": {**job, "image": ""}}).encode())
+            write_frame(self.req, bytes(trusted))
+        except OSError:
+            raise _WarmGone(started) from None
+        finally:
+            trusted[:] = bytes(len(trusted))
+        while True:
+            try:
+                frame = json.loads(read_frame(self.resp))
+            except (EOFError, OSError, ValueError):
+                raise _WarmGone(started) from None
+            if "started" in frame:
+                started = True
+                write_frame(resp, json.dumps(frame).encode())
+                continue
+            return frame
+
+    def close(self) -> None:
+        for fd in (self.req, self.resp):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
 
 
 def harness_argv(fds: tuple[int, int, int] = (3, 4, 5)) -> list[str]:
