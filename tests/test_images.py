@@ -231,6 +231,18 @@ def test_a_verifier_worker_on_a_new_node_builds_the_runs_images_from_their_specs
     VerifierWorker(None, SandboxConfig(workers=1), str(tmp_path / "verifier-1"), False, (spec,))
     assert (image.path / cache.MANIFEST).stat().st_mtime == built_at  # found and verified, not rebuilt
 
+    from rlvr.images.remote import push
+    from rlvr.store import StoreConfig
+
+    store = StoreConfig(url=f"file://{tmp_path / 'store'}")
+    push(image, store)
+    monkeypatch.setenv("RLVR_IMAGES", str(tmp_path / "node-3"))  # a third node, with the run's store
+    fetched_before = set((tmp_path / "store").rglob("*"))
+    VerifierWorker(None, SandboxConfig(workers=1), str(tmp_path / "verifier-2"), False, (spec,), store)
+    node3 = cache.resolve("probe-one")
+    assert node3.key == image.key and (node3.path / "build.log").read_text() == (image.path / "build.log").read_text()
+    assert set((tmp_path / "store").rglob("*")) == fetched_before  # fetched, nothing built and pushed again
+
 
 def test_an_image_travels_through_the_store_and_is_verified_on_arrival(wheels, tmp_path, monkeypatch):
     """Built and pushed on one machine, fetched (not built) on another; a tar changed in the store,

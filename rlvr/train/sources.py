@@ -155,7 +155,7 @@ def ray_workers(run: Run, cfg: GRPOConfig, verify: Callable, engine: torch.nn.Mo
                           verify=verify, cfg=cfg.ray, env_cfg=cfg.env, sandbox_cfg=cfg.sandbox,
                           needs_sandbox=run.sandbox is not None, run_dir=run.dir, version=run.step,
                           canary_tolerance=cfg.asynchronous.canary_tolerance, engine=engine,
-                          images=tuple(read_spec(path) for path in cfg.images))
+                          images=tuple(read_spec(path) for path in cfg.images), store=cfg.store)
 
 
 def mismatch_metric(run: Run, batch: RolloutBatch, train_metrics: dict, cfg: GRPOConfig) -> dict:

@@ -84,13 +84,14 @@ class RolloutWorker:
 
 class VerifierWorker:
     def __init__(self, verify, sandbox_cfg: SandboxConfig, work_dir: str, open_sandbox: bool,
-                 images: tuple = ()) -> None:
+                 images: tuple = (), store=None) -> None:
         torch.set_num_threads(1)
         self.verify_fn, self.sandbox_cfg, self.work_dir = verify, sandbox_cfg, work_dir
         # The run's environment images (``ImageSpec``s) reach this node by their spec: found in its
-        # cache and verified, or built here; a task's image is verified again before each use.
+        # cache and verified, fetched from the run's ``store`` and verified, or built here; a task's
+        # image is verified again before each use.
         for spec in images:
-            build_image(spec)
+            build_image(spec, store=store)
         if open_sandbox:  # the run's sandbox settings, before a verifier opens the default
             self.sandbox()
 

@@ -46,10 +46,11 @@ class RayWorkers:
     def __init__(self, model: torch.nn.Module, tokenizer, *, params, batch_size: int, verify, cfg: RayConfig,
                  env_cfg, sandbox_cfg: SandboxConfig, needs_sandbox: bool, run_dir: str | Path, version: int,
                  canary_tolerance: float = 1e-4, engine: torch.nn.Module | None = None,
-                 images: tuple = ()) -> None:
+                 images: tuple = (), store=None) -> None:
         """``model``: the sampling policy now (its weights are the first push); ``engine``: the plain
         model the actors start from (default ``model``; a LoRA policy passes its merged copy);
-        ``images``: the run's environment image specs, which every verifier actor builds or finds."""
+        ``images``: the run's environment image specs, which every verifier actor finds, fetches from
+        ``store`` (a ``StoreConfig``) or builds."""
         ray = self.ray = connect(cfg)
         run_dir = Path(run_dir)
         self.events = EventLog(run_dir)
@@ -67,7 +68,7 @@ class RayWorkers:
 
         def make_verifier(i: int):
             return verifier_cls.options(num_cpus=cfg.verifier_cpus).remote(
-                verify_ref, sandbox_cfg, str(run_dir / "workers" / f"verifier-{i}"), needs_sandbox, images)
+                verify_ref, sandbox_cfg, str(run_dir / "workers" / f"verifier-{i}"), needs_sandbox, images, store)
 
         common = dict(max_retries=cfg.max_retries, log=self.events.write)
         self.latest: tuple | None = None
