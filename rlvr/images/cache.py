@@ -111,10 +111,18 @@ def load(path: Path, *, check: bool = True) -> Image:
     return image
 
 
+_touched: dict[str, float] = {}
+TOUCH_EVERY_S = 60.0  # ``resolve`` runs once per sandbox job: record a use at most this often
+
+
 def touch_used(image: Image, where: Path | None = None) -> None:
+    now = time.time()
+    if now - _touched.get(str(image.path), 0.0) < TOUCH_EVERY_S:
+        return
     used = (where or image.path.parent) / "used"
     used.mkdir(exist_ok=True)
-    (used / image.key).write_text(f"{time.time()}\n")
+    (used / image.key).write_text(f"{now}\n")
+    _touched[str(image.path)] = now
 
 
 def last_used(where: Path, key: str) -> float:
