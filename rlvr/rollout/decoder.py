@@ -15,7 +15,8 @@
   step between calls is always seen, and holds the layer math: RMSNorm (and Qwen3's q/k norm), RoPE from the model's
   ``inv_freq`` (cos/sin tables built once per call), SwiGLU, the logits in float32.
 - ``FastLlama.start(...)`` returns a ``DecodeState`` (``rollout/kv_cache.py``): the KV cache, and
-  prefill / decode step / compaction over it.
+  prefill / decode step / compaction over it; ``kv_cache="int8"`` / ``"sink_window"`` one of the
+  memory-bounded caches of ``rollout/kv_compress.py``.
 
 Precision: it computes in the model's dtype (fp32 on CPU, bf16 on CUDA) like the Hugging Face
 forward does; ``FastLlama(model, matmul_dtype=torch.bfloat16)`` runs the GEMMs in bf16 (the
@@ -38,6 +39,7 @@ import torch.nn.functional as F
 
 from rlvr.rollout.gemm import WeightFormat, bias, fused_bias, int8_fused, is_int8_linear, lin
 from rlvr.rollout.kv_cache import DecodeState
+from rlvr.rollout.kv_compress import make_state
 
 # model_type values whose layers are Llama's (pre-norm, RMSNorm, RoPE, GQA, SwiGLU); the module
 # checks in ``unsupported_reason`` still have to pass.
@@ -261,9 +263,12 @@ class FastLlama:
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return lin(self.rms(x, self.norm), self.lm_head).float()
 
-    def start(self, rows: int, max_len: int, cuda_graphs: bool = False, share_prompts: bool = True) -> DecodeState:
-        """A ``DecodeState`` for ``rows`` rows of up to ``max_len`` columns (see its docstring)."""
-        return DecodeState(self, rows, max_len, cuda_graphs, share_prompts)
+    def start(self, rows: int, max_len: int, cuda_graphs: bool = False, share_prompts: bool = True,
+              kv_cache: str = "full", kv_window: int = 0, kv_sinks: int = 0) -> DecodeState:
+        """A ``DecodeState`` for ``rows`` rows of up to ``max_len`` columns (see its docstring);
+        ``kv_cache`` ``int8`` / ``sink_window`` gives the memory-bounded caches of
+        ``rollout/kv_compress.py`` (no CUDA graphs, no shared prompts there)."""
+        return make_state(self, rows, max_len, cuda_graphs, kv_cache, kv_window, kv_sinks, share_prompts)
 
 
 def _read_layer(layer: torch.nn.Module, fmt: WeightFormat, heads: int, kv_heads: int) -> Layer:

@@ -22,6 +22,11 @@ What it does:
   prompt and its tokens but the last (``Completion.cache``, a ``KVPrefix``); passing it back as
   ``past`` for a prompt that starts with those tokens (the next turn of an episode) runs only the
   new tokens. The Hugging Face path ignores ``past`` and returns no cache.
+- Long prompts (fast decoder): ``prefill_chunk`` runs the prefill a chunk of columns at a time
+  (bounded activations, same results); ``kv_cache`` ``int8`` / ``sink_window`` bound the KV
+  cache's memory (``rollout/kv_compress.py``; lossy, no CUDA graphs, no shared prompts, no prefix
+  reuse; the Hugging Face backend refuses both settings). ``DecodeState.kv_bytes()`` reads the
+  cache's size.
 
 What it does not do: tokenisation, chat templates, multi-turn tool loops or trajectory bookkeeping
 (``rlvr/rollout/collect.py``), and no paged attention or continuous batching. Sampling is
@@ -41,6 +46,7 @@ import torch
 from rlvr.rollout.decoder import FastLlama, unsupported_reason
 from rlvr.rollout.hf_backend import HFState
 from rlvr.rollout.kv_cache import DecodeState, KVPrefix
+from rlvr.rollout.kv_compress import KV_CACHES
 from rlvr.rollout.sampling import sample, token_logprob
 
 PRECISIONS = {"model": None, "bf16": torch.bfloat16}  # name -> GEMM dtype (None: the model's)
@@ -68,6 +74,23 @@ class SamplingParams:
     rest (norms, attention, KV cache, logits, sampling) in the model's dtype, at bf16 rounding of
     the logprobs (``rollout/logprob_mismatch_kl`` shows it; speed: docs/rollout.md, "Precision").
     The Hugging Face backend runs under ``torch.autocast`` instead."""
+    prefill_chunk: int = 0
+    """Chunked prefill (fast decoder): the prompts' columns run this many at a time, each chunk
+    attending to the cache before it plus itself, so prefill activations are bounded by the chunk
+    instead of the prompt; 0 = the whole prompt at once. Same tokens and log-probs (to float
+    rounding). The Hugging Face backend refuses it."""
+    kv_cache: str = "full"
+    """``full`` | ``int8`` | ``sink_window`` (fast decoder; ``rollout/kv_compress.py``). ``int8``:
+    K/V older than the last ``kv_window`` tokens stored as int8 with a per-(row, head, token) scale.
+    ``sink_window``: StreamingLLM, attention to the first ``kv_sinks`` and the last ``kv_window``
+    tokens only, the cache bounded by that. Both are lossy (off-policy log-probs, see
+    ``rollout/logprob_mismatch_kl``), turn off CUDA graphs and shared prompts, and refuse prefix
+    reuse (``past``, ``keep_cache``) and the Hugging Face backend."""
+    kv_window: int = 256
+    """With ``kv_cache`` int8: recent tokens kept in full precision; sink_window: recent tokens
+    kept at all (the current one included)."""
+    kv_sinks: int = 4
+    """With ``kv_cache: sink_window``: the first tokens of each sequence always attended to."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -80,6 +103,14 @@ class SamplingParams:
             raise ValueError(f"n must be >= 1, got {self.n}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+        if self.prefill_chunk < 0:
+            raise ValueError(f"prefill_chunk must be >= 0 (0 = whole prompt at once), got {self.prefill_chunk}")
+        if self.kv_cache not in KV_CACHES:
+            raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)}; got {self.kv_cache!r}")
+        if self.kv_window < 1:
+            raise ValueError(f"kv_window must be >= 1 (tokens kept in full precision / kept at all), got {self.kv_window}")
+        if self.kv_sinks < 0:
+            raise ValueError(f"kv_sinks must be >= 0, got {self.kv_sinks}")
         if self.stop_token_ids is not None:
             self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
         if isinstance(self.stop, str):
@@ -164,6 +195,7 @@ def generate(
         with torch.inference_mode():
             longest = max((len(p) for p in prompts), default=0) + params.max_new_tokens
             fast = _fast_decoder(model, backend, params.precision, longest)
+            _check_fast_only(params, fast, past, keep_cache)
             call = _Call(model, fast, _use_cuda_graphs(fast, cuda_graphs), prompts, params, stop_ids, generator,
                          pad_token_id, tokenizer, past if fast is not None else None, keep_cache and fast is not None)
             autocast = precision_autocast(model, params.precision) if fast is None else contextlib.nullcontext()
@@ -186,6 +218,19 @@ def _check_generate_args(prompts, params: SamplingParams, batch_size, tokenizer,
         raise ValueError(f"backend must be one of auto, fast, hf; got {backend!r}")
     if past is not None and len(past) != len(prompts):
         raise ValueError(f"past has {len(past)} entries for {len(prompts)} prompts")
+
+
+def _check_fast_only(params: SamplingParams, fast: FastLlama | None, past, keep_cache: bool) -> None:
+    """``prefill_chunk`` and a non-``full`` ``kv_cache`` need the fast decoder; a lossy cache keeps
+    no exact prefix to reuse."""
+    if fast is None:
+        for name, on in (("prefill_chunk", params.prefill_chunk > 0), ("kv_cache", params.kv_cache != "full")):
+            if on:
+                raise ValueError(f"SamplingParams.{name} needs the fast decoder (backend='fast' on a Llama-layout "
+                                 f"model); the Hugging Face backend cannot honour it: set {name} to its default")
+    if params.kv_cache != "full" and (past is not None or keep_cache):
+        raise ValueError(f"kv_cache={params.kv_cache!r} keeps no exact K/V: prefix reuse (past, keep_cache) "
+                         "needs kv_cache='full'")
 
 
 def _fast_decoder(model: torch.nn.Module, backend: str, precision: str, longest: int | None = None) -> FastLlama | None:
@@ -258,13 +303,16 @@ def _prefill(call: _Call, rows: list[int]) -> tuple[DecodeState | HFState, torch
     width = max(len(call.prompts[p]) for p in unique)
     if call.fast is not None:
         device = call.fast.device
-        state = call.fast.start(len(rows), width + call.params.max_new_tokens, cuda_graphs=call.cuda_graphs)
+        pr = call.params
+        state = call.fast.start(len(rows), width + pr.max_new_tokens, cuda_graphs=call.cuda_graphs and pr.kv_cache == "full",
+                                kv_cache=pr.kv_cache, kv_window=pr.kv_window, kv_sinks=pr.kv_sinks)
     else:
         state = HFState(call.model)
         device = state.device
     expand = torch.tensor([row_of[p] for p in rows], device=device)
+    chunk = {"chunk": call.params.prefill_chunk} if call.fast is not None else {}
     logits = state.prefill([call.prompts[p] for p in unique], expand, call.pad_token_id,
-                           past=[call.past[p] for p in unique] if call.past is not None else None)
+                           past=[call.past[p] for p in unique] if call.past is not None else None, **chunk)
     return state, logits, device, width
 
 

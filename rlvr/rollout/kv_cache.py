@@ -10,6 +10,17 @@
   its first tokens (what the previous turn of a multi-turn episode computed) and runs only the
   rest; the prompts are still left-padded to a common width, the forward covers the last ``C``
   columns (``C`` = the longest uncached suffix), attending to the copied columns before them.
+- Chunked prefill (``prefill(..., chunk=N)``, ``SamplingParams.prefill_chunk``): the running
+  columns go through the layers N at a time; each chunk writes its K/V into a per-prompt buffer of
+  the whole width (the rows' cache itself when one row per prompt) and attends to the columns
+  before it plus itself (causal), so the activations (``[U, N, hidden]``) and attention scores
+  (``[U, heads, N, columns so far]``) are bounded by the chunk, not by the prompt. Greedy tokens
+  and log-probs equal the one-pass prefill (to float rounding: the reductions run over fewer
+  columns). The mask is built per chunk. The last layer of an earlier chunk only stores its K/V.
+- Memory-bounded caches (``rollout/kv_compress.py``): subclasses that store the K/V differently
+  (int8 beyond a recent window; StreamingLLM sinks + window) override the hooks ``_allocate``,
+  ``_store_prompt_kv``, ``_after_prefill``, ``_next_mask``, ``_write_kv``, ``_attend`` and
+  ``compact``; ``kv_bytes()`` gives the cache's bytes for any of them.
 - Attention: grouped-query without repeating K/V in a decode step (the query heads of one KV head
   side by side); ``F.scaled_dot_product_attention`` in prefill and on GPU, one ``baddbmm`` and one
   ``bmm`` for a CPU decode step; on CPU, prompts with several sample rows are read once per prompt
@@ -62,12 +73,13 @@ class _Prefill:
     ids: torch.Tensor  # [U, W]
     mask: torch.Tensor  # [U, W] bool: real tokens
     positions: torch.Tensor  # [U, W]
-    attn_mask: torch.Tensor  # [U, 1, C, W]
+    attn_mask: torch.Tensor | None  # [U, 1, C, W] (None when chunked: built per chunk)
     cos: torch.Tensor  # [U, C, hd]
     sin: torch.Tensor
     expand: torch.Tensor  # prompt of each row
     direct: bool  # one row per prompt, in order: the rows' cache is written in place
     shared: SharedPrompts | None
+    chunk: int = 0  # > 0: columns run this many at a time (``attn_mask`` is then None)
 
 
 class DecodeState:
@@ -77,13 +89,7 @@ class DecodeState:
 
     def __init__(self, f: FastLlama, rows: int, max_len: int, cuda_graphs: bool, share_prompts: bool = True):
         self.f, self.rows, self.max_len = f, rows, max_len
-        shape = (rows, f.num_kv, max_len, f.head_dim)
-        # Eager steps read only written columns; a captured step reads all of them (masked), and
-        # 0 x NaN from uninitialised memory would still be NaN, so those caches start at zero.
-        alloc = torch.zeros if cuda_graphs else torch.empty
-        self.k = [alloc(shape, dtype=f.kv_dtype, device=f.device) for _ in f.layers]
-        self.v = [alloc(shape, dtype=f.kv_dtype, device=f.device) for _ in f.layers]
-        self.valid = torch.zeros((rows, max_len), dtype=torch.bool, device=f.device)
+        self._allocate(cuda_graphs)
         self.pos = torch.zeros(rows, dtype=torch.long, device=f.device)
         self.cos, self.sin = f.rope_tables(max_len)
         self.n = rows  # rows in use (a prefix of the buffers)
@@ -92,28 +98,123 @@ class DecodeState:
         self.shared: SharedPrompts | None = None  # set by prefill when prompts have several rows
         self.graphs = StepGraphs(self) if cuda_graphs else None
 
+    in_place = True  # prefill may write one-row-per-prompt K/V straight into ``self.k`` / ``self.v``
+
+    def _allocate(self, cuda_graphs: bool) -> None:
+        """The cache buffers: K and V per layer ``[rows, kv_heads, max_len, head_dim]`` and the
+        key-validity mask."""
+        f = self.f
+        shape = (self.rows, f.num_kv, self.max_len, f.head_dim)
+        # Eager steps read only written columns; a captured step reads all of them (masked), and
+        # 0 x NaN from uninitialised memory would still be NaN, so those caches start at zero.
+        alloc = torch.zeros if cuda_graphs else torch.empty
+        self.k = [alloc(shape, dtype=f.kv_dtype, device=f.device) for _ in f.layers]
+        self.v = [alloc(shape, dtype=f.kv_dtype, device=f.device) for _ in f.layers]
+        self.valid = torch.zeros((self.rows, self.max_len), dtype=torch.bool, device=f.device)
+
+    def kv_bytes(self) -> int:
+        """Bytes held by the KV cache: every layer's K/V buffers (and the shared prompts' K/V)."""
+        bufs = [*self.k, *self.v]
+        if self.shared is not None:
+            bufs += [*self.shared.k, *self.shared.v]
+        return sum(t.numel() * t.element_size() for t in bufs)
+
     # -- prefill ---------------------------------------------------------------------------------
     def prefill(self, prompts: list, expand: torch.Tensor, pad_token_id: int,
-                past: list[KVPrefix | None] | None = None) -> torch.Tensor:
+                past: list[KVPrefix | None] | None = None, chunk: int = 0) -> torch.Tensor:
         """Run the distinct ``prompts`` once (left-padded) and copy each one's K/V to its rows
         (``expand[r]`` = prompt of row r). ``past[k]``, when given, holds the K/V of prompt k's
         first tokens: only the columns after the shortest-covered suffix run (see the module
-        docstring). Returns the last-position logits per row [rows, V]."""
+        docstring). ``chunk`` > 0: the running columns ``chunk`` at a time (chunked prefill).
+        Returns the last-position logits per row [rows, V]."""
         f = self.f
-        p = self._layout(prompts, expand, pad_token_id, past)
-        x = F.embedding(p.ids[:, p.W - p.C:], f.embed)
-        for li, L in enumerate(f.layers):
-            x = self._prefill_layer(p, x, li, L)
+        p = self._layout(prompts, expand, pad_token_id, past, chunk)
+        if p.chunk:
+            x = self._chunked(p)
+        else:
+            x = F.embedding(p.ids[:, p.W - p.C:], f.embed)
+            for li, L in enumerate(f.layers):
+                x = self._prefill_layer(p, x, li, L)
+        self._after_prefill(p)
+        return f.logits(x[:, -1]).index_select(0, expand)
+
+    def _after_prefill(self, p: _Prefill) -> None:
+        """The rows' mask, positions and next column once the prompts' K/V are stored."""
+        expand = p.expand
         self.valid[:, :p.W] = p.mask.index_select(0, expand)
         self.pos.copy_(p.positions[:, -1].index_select(0, expand) + 1)
         self.col = p.W
         self.shared = p.shared
         if p.shared is not None:
             p.shared.set_rows(expand.tolist())
-        return f.logits(x[:, -1]).index_select(0, expand)
+
+    def _chunked(self, p: _Prefill) -> torch.Tensor:
+        """Chunked prefill: the running columns ``p.chunk`` at a time through all layers, each
+        chunk's K/V written into whole-width buffers (the copied ``past`` columns first) and its
+        queries attending to the columns up to its end. Returns the last chunk's hidden states
+        (the last layer's: of its last position only)."""
+        f = self.f
+        W, C = p.W, p.C
+        nh, nkv, hd = f.num_heads, f.num_kv, f.head_dim
+        bufs = [self._prompt_buffers(p, li) for li in range(len(f.layers))]
+        last = len(f.layers) - 1
+        x = None
+        for s in range(W - C, W, p.chunk):
+            e = min(s + p.chunk, W)
+            final = e == W
+            am = self._prefill_mask(p, s, e)  # [U, 1, e - s, e]
+            cos, sin = p.cos[:, s - (W - C):e - (W - C)], p.sin[:, s - (W - C):e - (W - C)]
+            x = F.embedding(p.ids[:, s:e], f.embed)
+            for li, L in enumerate(f.layers):
+                K, V = bufs[li]
+                qkv = lin(f.rms(x, L.ln1), L.wqkv, L.bqkv)  # [U, e - s, (nh + 2 nkv) hd]
+                qk = f.rope(f.qk_norm(qkv[..., : (nh + nkv) * hd].unflatten(-1, (nh + nkv, hd)), L), cos, sin).to(f.kv_dtype)
+                K[:, :, s:e] = qk[..., nh:, :].transpose(1, 2)
+                V[:, :, s:e] = qkv[..., (nh + nkv) * hd:].unflatten(-1, (nkv, hd)).transpose(1, 2)
+                if li == last and not final:
+                    break  # only this chunk's K/V matter here; its last layer's output is never read
+                q = qk[..., :nh, :].transpose(1, 2)
+                k, v, m = K[:, :, :e], V[:, :, :e], am
+                if f.rep > 1:
+                    k = k.repeat_interleave(f.rep, dim=1)
+                    v = v.repeat_interleave(f.rep, dim=1)
+                if li == last:
+                    q, m, x = q[:, :, -1:], am[:, :, -1:], x[:, -1:]
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+                x = x + lin(a.transpose(1, 2).flatten(2), L.wo, L.bo, keep=True)
+                x = x + f.mlp(x, L)
+        for li, (K, V) in enumerate(bufs):
+            self._store_prompt_kv(p, li, K, V)
+        return x
+
+    def _prompt_buffers(self, p: _Prefill, li: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Whole-width K/V buffers [U, nkv, W, hd] of layer ``li`` for a chunked prefill: the rows'
+        cache itself when ``p.direct``; left padding zeroed, ``past`` columns copied in."""
+        U, W, C = len(p.lengths), p.W, p.C
+        nkv, hd, dt, dev = self.f.num_kv, self.f.head_dim, self.f.kv_dtype, self.f.device
+        K = self.k[li][:U, :, :W] if p.direct else torch.empty((U, nkv, W, hd), dtype=dt, device=dev)
+        V = self.v[li][:U, :, :W] if p.direct else torch.empty((U, nkv, W, hd), dtype=dt, device=dev)
+        for j, m in enumerate(p.cached):
+            s0 = W - p.lengths[j]
+            K[j, :, :min(s0, W - C)] = 0
+            V[j, :, :min(s0, W - C)] = 0
+            if m:
+                K[j, :, s0:s0 + m] = p.past[j].k[li][:, :m]
+                V[j, :, s0:s0 + m] = p.past[j].v[li][:, :m]
+        return K, V
+
+    def _prefill_mask(self, p: _Prefill, s: int, e: int) -> torch.Tensor:
+        """The attention mask of query columns ``s .. e-1`` over key columns ``< e``: causal and
+        over real tokens; a pad query sees itself. [U, 1, e - s, e] bool."""
+        dev = p.mask.device
+        kc = torch.arange(e, device=dev)
+        qc = torch.arange(s, e, device=dev)
+        causal = kc[None, :] <= qc[:, None]
+        eye = kc[None, :] == qc[:, None]
+        return ((causal & p.mask[:, None, :e]) | eye)[:, None]
 
     def _layout(self, prompts: list, expand: torch.Tensor, pad_token_id: int,
-                past: list[KVPrefix | None] | None) -> _Prefill:
+                past: list[KVPrefix | None] | None, chunk: int = 0) -> _Prefill:
         """The prompts left-padded into ids, mask and positions (counted over real tokens), the
         columns to run, and the causal + padding mask over them (pad queries see themselves)."""
         dev = self.f.device
@@ -129,14 +230,15 @@ class DecodeState:
         ids, mask = ids.to(dev), mask.to(dev)
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         cos, sin = self.cos[positions[:, W - C:]], self.sin[positions[:, W - C:]]  # [U, C, hd]
-        causal = torch.ones((W, W), dtype=torch.bool, device=dev).tril()[W - C:]
-        eye = torch.eye(W, dtype=torch.bool, device=dev)[W - C:]
-        attn_mask = ((causal & mask[:, None, :]) | eye)[:, None]  # [U, 1, C, W]
-        direct = U == self.rows and bool((expand == torch.arange(U, device=dev)).all())
+        direct = self.in_place and U == self.rows and bool((expand == torch.arange(U, device=dev)).all())
         shared = None
         if U < self.rows and self.share_prompts:
             shared = SharedPrompts(U, W, mask, self.f.num_kv, self.f.kv_dtype)
-        return _Prefill(lengths, cached, past, W, C, ids, mask, positions, attn_mask, cos, sin, expand, direct, shared)
+        chunk = chunk if 0 < chunk < C else 0
+        p = _Prefill(lengths, cached, past, W, C, ids, mask, positions, None, cos, sin, expand, direct, shared, chunk)
+        if not chunk:
+            p.attn_mask = self._prefill_mask(p, W - C, W)  # [U, 1, C, W]
+        return p
 
     def _prefill_layer(self, p: _Prefill, x: torch.Tensor, li: int, L: Layer) -> torch.Tensor:
         """One layer over the prompts' running columns: their K/V stored (in the rows' cache or
@@ -188,7 +290,7 @@ class DecodeState:
         if p.shared is not None:
             p.shared.k.append(k.reshape(U * nkv, W, hd))  # (a copy when k is a strided view)
             p.shared.v.append(v.reshape(U * nkv, W, hd))
-        elif not (p.direct and p.C < W):  # (direct with a prefix: K/V were written in place)
+        elif not (p.direct and (p.C < W or p.chunk)):  # (direct with a prefix or chunked: written in place)
             self.k[li][:, :, :W] = k.index_select(0, p.expand)
             self.v[li][:, :, :W] = v.index_select(0, p.expand)
 
@@ -216,12 +318,10 @@ class DecodeState:
             if out is not None:
                 self.col += 1
                 return out
-        f, n, col = self.f, self.n, self.col
-        valid = self.valid[:n]
-        valid[:, col] = True
+        f, n = self.f, self.n
+        mask = self._next_mask()
         pos = self.pos[:n]
         cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [n, hd]
-        mask = self._step_mask(valid, col + 1)
         x = F.embedding(tokens, f.embed)
         for li, L in enumerate(f.layers):
             x = self._step_layer(x, li, L, cos, sin, mask)
@@ -229,48 +329,68 @@ class DecodeState:
         self.col += 1
         return f.logits(x)
 
+    def _next_mask(self) -> torch.Tensor | None:
+        """Mark column ``col`` valid for the rows in use; the step's mask (``_step_mask``)."""
+        valid = self.valid[:self.n]
+        valid[:, self.col] = True
+        return self._step_mask(valid, self.col + 1)
+
     def _step_mask(self, valid: torch.Tensor, S: int) -> torch.Tensor | None:
         """The padding mask of a decode step over columns < ``S``, for all layers: on CPU an
         additive one, [n * kv, rep, S]; elsewhere a bool one for SDPA; None with shared prompts
         (the prompts' mask is per prompt there; generated columns are all valid)."""
-        f, n = self.f, valid.shape[0]
         if self.shared is not None:
             return None
+        return self._bias(valid[:, :S])
+
+    def _bias(self, keep: torch.Tensor) -> torch.Tensor:
+        """A decode step's mask from ``keep`` [n, S] (the keys each row attends to): additive
+        [n * kv, rep, S] on CPU, bool [n, 1, 1, S] for SDPA elsewhere."""
+        f = self.f
+        n, S = keep.shape
         if f.device.type == "cpu":
-            bias = torch.zeros((n, S), dtype=f.kv_dtype).masked_fill_(~valid[:, :S], float("-inf"))
+            bias = torch.zeros((n, S), dtype=f.kv_dtype).masked_fill_(~keep, float("-inf"))
             return bias[:, None].expand(n, f.num_heads, S).reshape(n * f.num_kv, f.rep, S)
-        return valid[:, None, None, :S]
+        return keep[:, None, None, :]
 
     def _step_layer(self, x: torch.Tensor, li: int, L: Layer, cos: torch.Tensor, sin: torch.Tensor,
                     mask: torch.Tensor | None) -> torch.Tensor:
         """One layer of a decode step: the new K/V written at column ``col``, attention, MLP."""
-        f, n, col = self.f, self.n, self.col
+        f, n = self.f, self.n
         nh, nkv, hd = f.num_heads, f.num_kv, f.head_dim
         qkv = lin(f.rms(x, L.ln1), L.wqkv, L.bqkv)
         qk = f.rope(f.qk_norm(qkv[:, : (nh + nkv) * hd].view(n, nh + nkv, hd), L), cos, sin).to(f.kv_dtype)
-        K, V = self.k[li], self.v[li]
-        K[:n, :, col] = qk[:, nh:]
-        V[:n, :, col] = qkv[:, (nh + nkv) * hd:].view(n, nkv, hd)
+        self._write_kv(li, qk[:, nh:], qkv[:, (nh + nkv) * hd:].view(n, nkv, hd))
         a = self._attend(li, qk[:, :nh], mask)
         x = lin_res(x, a, L.wo, L.bo)
         return lin_res(x, f.act(x, L), L.wd, L.bd)
+
+    def _write_kv(self, li: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """A decode step's new K/V [n, nkv, hd] of layer ``li`` into column ``col``."""
+        self.k[li][:self.n, :, self.col] = k
+        self.v[li][:self.n, :, self.col] = v
 
     def _attend(self, li: int, q: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """One query per row [n, nh, hd] against the cache columns written so far -> [n, nh * hd].
         The ``rep`` query heads of one KV head attend together as a rep-long query (no repeated
         K/V); on CPU scores + mask in one ``baddbmm``, then one ``bmm``."""
-        f, n, S = self.f, self.n, self.col + 1
-        nh, nkv, hd, rep = f.num_heads, f.num_kv, f.head_dim, f.rep
+        n, S = self.n, self.col + 1
         K, V = self.k[li], self.v[li]
         if self.shared is not None:
             W = self.shared.width
             return self.shared.attend(li, q, K[:n, :, W:S], V[:n, :, W:S])
+        return self._attend_over(q, K[:n, :, :S], V[:n, :, :S], mask)
+
+    def _attend_over(self, q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """q [n, nh, hd] against keys/values K, V [n, nkv, S, hd] under ``mask`` -> [n, nh * hd]."""
+        f = self.f
+        n, nkv, S, hd = K.shape
+        nh, rep = f.num_heads, f.rep
         if f.device.type == "cpu":
             s = torch.baddbmm(mask, q.reshape(n * nkv, rep, hd),
-                              K[:n, :, :S].view(n * nkv, S, hd).transpose(1, 2), alpha=hd ** -0.5)
-            return torch.bmm(s.softmax(-1), V[:n, :, :S].view(n * nkv, S, hd)).view(n, nh * hd)
-        return F.scaled_dot_product_attention(q.view(n, nkv, rep, hd), K[:n, :, :S], V[:n, :, :S],
-                                              attn_mask=mask).reshape(n, nh * hd)
+                              K.reshape(n * nkv, S, hd).transpose(1, 2), alpha=hd ** -0.5)
+            return torch.bmm(s.softmax(-1), V.reshape(n * nkv, S, hd)).view(n, nh * hd)
+        return F.scaled_dot_product_attention(q.view(n, nkv, rep, hd), K, V, attn_mask=mask).reshape(n, nh * hd)
 
     def step_static(self, tokens: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
         """The capturable step for CUDA graphs: all buffer rows, whole-cache attention under the

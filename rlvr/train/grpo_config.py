@@ -25,6 +25,7 @@ from rlvr.monitor.trackers import TrackerConfig
 from rlvr.rewards import RewardConfig
 from rlvr.rollout.async_rollout import AsyncConfig
 from rlvr.rollout.engine import PRECISIONS
+from rlvr.rollout.kv_compress import KV_CACHES
 from rlvr.rollout.engine_registry import ROLLOUT_ENGINES
 from rlvr.rollout.remote_engine import RemoteConfig
 from rlvr.rollout.vllm_engine import VLLMConfig, require_vllm
@@ -58,6 +59,18 @@ class RolloutConfig:
     precision: str = "model"
     """model | bf16: the engine's matrix multiplies in the model's dtype or in bfloat16 (the
     rest in the model's dtype; ``SamplingParams.precision``, docs/rollout.md)."""
+    prefill_chunk: int = 0
+    """Chunked prefill of rlvr's engine: prompt columns this many at a time (bounded prefill
+    activations, same results); 0 = the whole prompt at once (``SamplingParams.prefill_chunk``)."""
+    kv_cache: str = "full"
+    """full | int8 | sink_window: rlvr's engine's KV cache (``SamplingParams.kv_cache``,
+    docs/rollout.md "Long prompts"). int8 and sink_window bound its memory but are lossy: the
+    rollouts are slightly off-policy (the trainer recomputes exact log-probs;
+    ``rollout/logprob_mismatch_kl`` shows the gap)."""
+    kv_window: int = 256
+    """With kv_cache int8: recent tokens kept in full precision; sink_window: recent tokens kept."""
+    kv_sinks: int = 4
+    """With kv_cache sink_window: first tokens of each sequence always kept (attention sinks)."""
     engine: str = "rlvr"
     """rlvr | vllm | remote: what generates the rollouts: rlvr's own engine on the trainer's model,
     vLLM in this process on its GPU (the ``vllm`` extra), or an OpenAI-compatible server
@@ -81,6 +94,15 @@ class RolloutConfig:
             if self.precision != "model":
                 raise ConfigError("config key 'rollout.precision' is rlvr's engine's; with 'rollout.engine: remote' "
                                   "the server's own settings decide its precision")
+        check_choice("rollout.kv_cache", self.kv_cache, list(KV_CACHES))
+        check_range("rollout.prefill_chunk", self.prefill_chunk, 0)
+        check_range("rollout.kv_window", self.kv_window, 1)
+        check_range("rollout.kv_sinks", self.kv_sinks, 0)
+        if self.engine != "rlvr":
+            for key, on in (("prefill_chunk", self.prefill_chunk != 0), ("kv_cache", self.kv_cache != "full")):
+                if on:
+                    raise ConfigError(f"config key 'rollout.{key}' is rlvr's engine's; 'rollout.engine: {self.engine}' "
+                                      "cannot honour it: leave it at its default (the server's own settings decide)")
         check_range("rollout.tasks_per_step", self.tasks_per_step, 1)
         check_range("rollout.samples_per_task", self.samples_per_task, 1)
         check_range("rollout.temperature", self.temperature, 0.0)
@@ -131,6 +153,10 @@ class AlgoConfig:
     """Samples per optimizer step (0 = the whole rollout batch: one step per epoch)."""
     microbatch_size: int = 64
     """Samples per forward/backward; gradients accumulate up to the mini-batch."""
+    microbatch_tokens: int = 0
+    """Micro-batches by a token budget instead of ``microbatch_size``: at most this many real
+    tokens each (a longer sequence alone), their number a multiple of the data-parallel world size
+    and their tokens balanced across ranks (``rlvr.train.token_batches``). 0: by samples."""
     packing: bool = True
     """Padding-free training forward (``rlvr.train.packing``): sequences packed end to end with a
     block-diagonal causal mask when that saves >= 10% of the token slots (else the padded rows with
@@ -163,6 +189,7 @@ class AlgoConfig:
         check_choice("algo.precision", self.precision, list(PRECISIONS))
         check_range("algo.ppo_epochs", self.ppo_epochs, 1)
         check_range("algo.microbatch_size", self.microbatch_size, 1)
+        check_range("algo.microbatch_tokens", self.microbatch_tokens, 0)
         check_range("algo.minibatch_size", self.minibatch_size, 0)
         check_range("algo.logits_chunk", self.logits_chunk, 0)
         check_range("algo.kl_coef", self.kl_coef, 0.0)

@@ -106,7 +106,8 @@ def sampling_params(run: Run) -> SamplingParams:
     """The run's sampling settings (``params.n`` samples per task)."""
     r = run.cfg.rollout
     return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                          n=r.samples_per_task, stop_token_ids=[run.tokenizer.eos_token_id], precision=r.precision)
+                          n=r.samples_per_task, stop_token_ids=[run.tokenizer.eos_token_id], precision=r.precision,
+                          prefill_chunk=r.prefill_chunk, kv_cache=r.kv_cache, kv_window=r.kv_window, kv_sinks=r.kv_sinks)
 
 
 def generation(run: Run, tokenizer, engine: RolloutEngine | None = None) -> Callable:
@@ -161,7 +162,9 @@ def ray_workers(run: Run, cfg: GRPOConfig, verify: Callable, engine: torch.nn.Mo
 def mismatch_metric(run: Run, batch: RolloutBatch, train_metrics: dict, cfg: GRPOConfig) -> dict:
     """``rollout/logprob_mismatch_kl``: the producer's own parity check when it generated on an
     engine copy; else the update's forwards before its first step (trainer == sampling weights);
-    else (every group dropped, nothing trained) a parity forward of the sampling policy."""
+    else (every group dropped, nothing trained) a parity forward of the sampling policy. Logged every
+    step, whatever the settings: it is how a lossy ``rollout.kv_cache`` (int8, sink_window) or bf16
+    ``rollout.precision`` shows its off-policy gap."""
     if batch.mismatch_kl is not None:
         return {"rollout/logprob_mismatch_kl": batch.mismatch_kl}
     if "rollout/logprob_mismatch_kl" in train_metrics:

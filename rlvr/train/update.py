@@ -36,6 +36,7 @@ from rlvr.train.grpo_config import AlgoConfig, GRPOConfig
 from rlvr.train.memory import checkpointing
 from rlvr.train.packing import packed_logprobs
 from rlvr.train.phases import Prepared
+from rlvr.train.token_batches import token_microbatches
 from rlvr.types import Batch, Scored
 
 if TYPE_CHECKING:
@@ -93,19 +94,28 @@ def minibatch_backward(run: Run, mini: Batch, a: AlgoConfig, totals: dict, is_ca
     size; the ranks all work when a mini-batch has at least ``world`` of them), the loss is
     normalised by the mini-batch's global ``totals``, so the sum of the ranks' gradients
     (``all_reduce_grads``) is the one-process gradient and every rank steps the same; every
-    micro-batch's metrics reach every rank."""
-    rows = mini.input_ids.shape[0]
-    starts = range(0, rows, a.microbatch_size)
+    micro-batch's metrics reach every rank. With ``algo.microbatch_tokens`` the micro-batches hold
+    at most that many tokens each, as many on every rank (``rlvr.train.token_batches``)."""
+    micros = microbatch_rows(mini, a, run.group.world)
     mine = []
-    for u in range(run.group.rank, len(starts), run.group.world):
-        micro = mini if rows <= a.microbatch_size else \
-            select(mini, torch.arange(starts[u], min(starts[u] + a.microbatch_size, rows)))
+    for u in range(run.group.rank, len(micros), run.group.world):
+        micro = mini if len(micros) == 1 else select(mini, micros[u])
         loss, metrics = micro_loss(run.model, micro, a, totals, is_cap=is_cap)
         loss.backward()
         mine.append(metrics)
     all_reduce_grads([p for p in run.model.parameters() if p.requires_grad], run.cfg.distributed.bucket_mb)
     per_rank = gather(mine)
-    return [per_rank[u % run.group.world][u // run.group.world] for u in range(len(starts))]
+    return [per_rank[u % run.group.world][u // run.group.world] for u in range(len(micros))]
+
+
+def microbatch_rows(mini: Batch, a: AlgoConfig, world: int) -> list[torch.Tensor]:
+    """The row indices of each micro-batch of ``mini``, in run order (micro-batch u on rank
+    u % world): with ``algo.microbatch_tokens`` by that token budget (a row's real tokens), else
+    ``algo.microbatch_size`` consecutive rows."""
+    if a.microbatch_tokens:
+        lengths = mini.attention_mask.sum(1).tolist()
+        return [torch.tensor(r) for r in token_microbatches(lengths, a.microbatch_tokens, world)]
+    return list(torch.arange(mini.input_ids.shape[0]).split(a.microbatch_size))
 
 
 def grad_norm(model: torch.nn.Module) -> float:
