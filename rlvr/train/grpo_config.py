@@ -180,6 +180,11 @@ class AlgoConfig:
     """Activation checkpointing in the update (``rlvr.train.memory``): decoder layers recompute
     their activations in the backward; less memory, about one more forward of time. Same loss and
     gradients."""
+    memory_budget_mb: int = 0
+    """A memory budget for the update's activations, logits and gradients (MiB): each batch's
+    ``microbatch_tokens``, ``logits_chunk`` and ``gradient_checkpointing`` are chosen from its
+    sequence lengths by ``rlvr.train.memory_plan`` (the rule: its docstring), each only where left
+    at its default; metrics ``train/memory_plan_*``. 0: off."""
 
     def __post_init__(self) -> None:
         check_choice("algo.advantage", self.advantage, ADVANTAGES.names())
@@ -192,6 +197,7 @@ class AlgoConfig:
         check_range("algo.microbatch_tokens", self.microbatch_tokens, 0)
         check_range("algo.minibatch_size", self.minibatch_size, 0)
         check_range("algo.logits_chunk", self.logits_chunk, 0)
+        check_range("algo.memory_budget_mb", self.memory_budget_mb, 0)
         check_range("algo.kl_coef", self.kl_coef, 0.0)
         check_range("algo.dynamic_sampling_rounds", self.dynamic_sampling_rounds, 0)
         if self.kl_in_reward and not self.kl_coef > 0:
@@ -200,6 +206,9 @@ class AlgoConfig:
         if self.dynamic_sampling_rounds and not self.drop_zero_variance:
             raise ConfigError("config key 'algo.dynamic_sampling_rounds' refills the zero-variance groups that "
                               "'algo.drop_zero_variance' drops: set algo.drop_zero_variance: true")
+        if self.compile and self.memory_budget_mb:
+            raise ConfigError("config keys 'algo.compile' and 'algo.memory_budget_mb' cannot both be set: the memory "
+                              "plan may switch on activation checkpointing, which the compiled layers do not support")
         if self.compile and self.gradient_checkpointing:
             raise ConfigError("config keys 'algo.compile' and 'algo.gradient_checkpointing' cannot both be true: "
                               "the compiled layers are not recomputed in the backward")

@@ -27,6 +27,14 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     model.config.use_cache = False
 
 
+def disable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Undo ``enable_activation_checkpointing`` (the memory plan switches it per batch)."""
+    if hasattr(model, "activation_checkpointing_disable"):  # transformers >= 5
+        model.activation_checkpointing_disable()
+    else:
+        model.gradient_checkpointing_disable()
+
+
 def checkpointing(model: torch.nn.Module) -> bool:
     """Whether ``model`` recomputes its layers in the backward."""
     if hasattr(model, "is_activation_checkpointing"):  # transformers >= 5 (the old name warns)

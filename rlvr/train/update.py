@@ -3,7 +3,8 @@
     update(run, p)              truncated rows out (``algo.overlong_filter``), the off-policy
                                 correction of stale rows (asynchronous mode), then
                                 ``algo.ppo_epochs`` passes, one optimizer step per mini-batch,
-                                micro-batched for memory, data parallel across torchrun ranks;
+                                micro-batched for memory (``algo.memory_budget_mb``: the
+                                memory settings chosen per batch), data parallel across torchrun ranks;
                                 then the step components' own training (the critic's)
     micro_loss(model, micro)    one micro-batch's forward and loss: ``POLICY_LOSSES`` over the
                                 log-probs (packed, compiled, bf16 as ``algo`` says), plus the KL
@@ -33,7 +34,8 @@ from rlvr.train.common import clip_and_step
 from rlvr.train.compiled import compiled_layers
 from rlvr.train.distributed import all_reduce_grads, gather
 from rlvr.train.grpo_config import AlgoConfig, GRPOConfig
-from rlvr.train.memory import checkpointing
+from rlvr.train.memory import checkpointing, disable_activation_checkpointing, enable_activation_checkpointing
+from rlvr.train.memory_plan import plan
 from rlvr.train.packing import packed_logprobs
 from rlvr.train.phases import Prepared
 from rlvr.train.token_batches import token_microbatches
@@ -51,6 +53,7 @@ def update(run: Run, p: Prepared, cfg: GRPOConfig) -> dict:
         return {"train/skipped": 1.0, **filtered}
     a, kept, budget = cfg.algo, p.kept, p.budget
     batch, off_policy = off_policy_correction(run, p.batch, kept, cfg) if cfg.asynchronous.enabled else (p.batch, {})
+    a, planned = memory_settings(run.model, batch, a) if a.memory_budget_mb else (a, {})
     mismatch: list[float] = []  # rollout/logprob_mismatch_kl, from forwards before the first optimizer step
     run.model.train()
     n = batch.input_ids.shape[0]
@@ -82,6 +85,7 @@ def update(run: Run, p: Prepared, cfg: GRPOConfig) -> dict:
     out["rollout/logprob_mismatch_kl"] = sum(mismatch) / len(mismatch)
     out.update(off_policy)
     out.update(filtered)
+    out.update(planned)
     for part in run.components.values():  # the critic's epochs towards the returns, after the policy's
         out.update(part.after_update(batch, p.returns, p.values, run.generator))
     return out
@@ -116,6 +120,27 @@ def microbatch_rows(mini: Batch, a: AlgoConfig, world: int) -> list[torch.Tensor
         lengths = mini.attention_mask.sum(1).tolist()
         return [torch.tensor(r) for r in token_microbatches(lengths, a.microbatch_tokens, world)]
     return list(torch.arange(mini.input_ids.shape[0]).split(a.microbatch_size))
+
+
+def memory_settings(model, batch: Batch, a: AlgoConfig) -> tuple[AlgoConfig, dict]:
+    """``algo.memory_budget_mb``: the micro-batch token budget, the logits chunk and activation
+    checkpointing for this batch's lengths (``rlvr.train.memory_plan.plan``), each only where the
+    user left it at its default (0, 0, false); checkpointing is switched on or off on the model to
+    match. Returns the settings to run and the ``train/memory_plan_*`` metrics."""
+    lengths = batch.attention_mask.sum(1).tolist()
+    share = float(batch.loss_mask.sum()) / max(1, sum(lengths))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    chosen = plan(model.config, lengths, a.memory_budget_mb * 2**20, policy_share=share, trainable_params=trainable)
+    ckpt = a.gradient_checkpointing or chosen.gradient_checkpointing
+    if ckpt != checkpointing(model):
+        (enable_activation_checkpointing if ckpt else disable_activation_checkpointing)(model)
+    a = dataclasses.replace(a, microbatch_tokens=a.microbatch_tokens or chosen.microbatch_tokens,
+                            logits_chunk=a.logits_chunk or chosen.logits_chunk)
+    return a, {"train/memory_plan_microbatch_tokens": float(a.microbatch_tokens),
+               "train/memory_plan_logits_chunk": float(a.logits_chunk),
+               "train/memory_plan_checkpointing": float(ckpt),
+               "train/memory_plan_estimate_mb": chosen.estimate_bytes / 2**20,
+               "train/memory_plan_fits": float(chosen.fits)}
 
 
 def grad_norm(model: torch.nn.Module) -> float:
