@@ -100,3 +100,22 @@ def test_gradient_is_the_one_micro_batch_gradient_at_any_world_size(world):
     for g, w in zip(grads(a, world), whole):
         assert w.abs().sum() > 0
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_a_frozen_models_logprobs_in_token_micro_batches_equal_one_forward(packing):
+    """The KL reference and the teacher run in the update's token micro-batches: the same
+    log-probs wherever a row has tokens (padding is 0 either way)."""
+    from rlvr.train.grpo import AlgoConfig
+    from rlvr.train.update import frozen_logprobs, logprobs_of
+
+    batch = collate(_trajectories(), [0.0] * 8, pad_token_id=0)
+    model = _model(seed=3).eval()
+    with torch.no_grad():
+        whole = logprobs_of(model, batch, AlgoConfig(packing=packing))
+        parts = frozen_logprobs(model, batch, AlgoConfig(packing=packing, microbatch_tokens=20))
+        planned = frozen_logprobs(model, batch, AlgoConfig(packing=packing, memory_budget_mb=1))
+    real = batch.attention_mask.bool()
+    assert whole[real].abs().sum() > 0
+    torch.testing.assert_close(parts[real], whole[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(planned[real], whole[real], atol=1e-5, rtol=1e-5)

@@ -32,7 +32,7 @@ from rlvr.train.critic import CRITIC_DIR, Critic
 from rlvr.train.grpo_config import GRPOConfig, uses_critic
 from rlvr.train.policy import Policy
 from rlvr.train.teacher import load_teacher
-from rlvr.train.update import logprobs_of
+from rlvr.train.update import frozen_logprobs
 from rlvr.types import Batch
 
 
@@ -122,7 +122,7 @@ def _reference(s: Setup) -> StepComponent | None:
 
     def reference(batch: Batch) -> torch.Tensor:
         with s.policy.reference(loaded) as ref:
-            return logprobs_of(ref, batch, cfg.algo)
+            return frozen_logprobs(ref, batch, cfg.algo)
     return Frozen("kl_reference", "ref_logprobs", reference, loaded)
 
 
@@ -133,7 +133,7 @@ def _teacher(s: Setup) -> StepComponent | None:
     if not cfg.distill.enabled:
         return None
     teacher = load_teacher(cfg.distill, cfg.model, s.policy.tokenizer, device=s.device, options=cfg.model_load)
-    return Frozen("teacher", "teacher_logprobs", lambda batch: logprobs_of(teacher, batch, cfg.algo), teacher)
+    return Frozen("teacher", "teacher_logprobs", lambda batch: frozen_logprobs(teacher, batch, cfg.algo), teacher)
 
 
 @STEP_COMPONENTS.register("critic")

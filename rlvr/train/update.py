@@ -166,6 +166,26 @@ def logprobs_of(model, batch: Batch, a: AlgoConfig) -> torch.Tensor:
         return sequence_logprobs(model, batch.input_ids, batch.attention_mask)
 
 
+def frozen_logprobs(model, batch: Batch, a: AlgoConfig) -> torch.Tensor:
+    """[B, T] log-probs of a frozen model (the KL reference, the teacher) for ``batch``: in the
+    update's token micro-batches when ``algo.microbatch_tokens`` or ``algo.memory_budget_mb`` is
+    set (the plan's token budget and logits chunk: its logits never outgrow the update's), else
+    in one forward. Positions a micro-batch does not reach (its padding) are 0."""
+    if not (a.microbatch_tokens or a.memory_budget_mb):
+        return logprobs_of(model, batch, a)
+    if a.memory_budget_mb:
+        lengths = batch.attention_mask.sum(1).tolist()
+        share = float(batch.loss_mask.sum()) / max(1, sum(lengths))
+        chosen = plan(model.config, lengths, a.memory_budget_mb * 2**20, policy_share=share, trainable_params=0)
+        a = dataclasses.replace(a, microbatch_tokens=a.microbatch_tokens or chosen.microbatch_tokens,
+                                logits_chunk=a.logits_chunk or chosen.logits_chunk)
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
+    for rows in microbatch_rows(batch, a, 1):
+        lp = logprobs_of(model, select(batch, rows), a)
+        out[rows, :lp.shape[1]] = lp.to(out.dtype)
+    return out
+
+
 def training_attention(model, precision: str):
     """The SDPA backend of the training forward: under bf16 autocast on CPU, the math backend
     (attention as batched matmuls, differentiated op by op), because the CPU flash kernel's bf16
