@@ -61,7 +61,7 @@ class KVPrefix:
 
 
 @dataclass
-class _Prefill:
+class PrefillLayout:
     """One prefill's distinct prompts, left-padded to width ``W``; the forward runs the last
     ``C`` columns (the rest comes from ``past``)."""
 
@@ -138,7 +138,7 @@ class DecodeState:
         self._after_prefill(p)
         return f.logits(x[:, -1]).index_select(0, expand)
 
-    def _after_prefill(self, p: _Prefill) -> None:
+    def _after_prefill(self, p: PrefillLayout) -> None:
         """The rows' mask, positions and next column once the prompts' K/V are stored."""
         expand = p.expand
         self.valid[:, :p.W] = p.mask.index_select(0, expand)
@@ -148,7 +148,7 @@ class DecodeState:
         if p.shared is not None:
             p.shared.set_rows(expand.tolist())
 
-    def _chunked(self, p: _Prefill) -> torch.Tensor:
+    def _chunked(self, p: PrefillLayout) -> torch.Tensor:
         """Chunked prefill: the running columns ``p.chunk`` at a time through all layers, each
         chunk's K/V written into whole-width buffers (the copied ``past`` columns first) and its
         queries attending to the columns up to its end. Returns the last chunk's hidden states
@@ -187,7 +187,7 @@ class DecodeState:
             self._store_prompt_kv(p, li, K, V)
         return x
 
-    def _prompt_buffers(self, p: _Prefill, li: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _prompt_buffers(self, p: PrefillLayout, li: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Whole-width K/V buffers [U, nkv, W, hd] of layer ``li`` for a chunked prefill: the rows'
         cache itself when ``p.direct``; left padding zeroed, ``past`` columns copied in."""
         U, W, C = len(p.lengths), p.W, p.C
@@ -203,7 +203,7 @@ class DecodeState:
                 V[j, :, s0:s0 + m] = p.past[j].v[li][:, :m]
         return K, V
 
-    def _prefill_mask(self, p: _Prefill, s: int, e: int) -> torch.Tensor:
+    def _prefill_mask(self, p: PrefillLayout, s: int, e: int) -> torch.Tensor:
         """The attention mask of query columns ``s .. e-1`` over key columns ``< e``: causal and
         over real tokens; a pad query sees itself. [U, 1, e - s, e] bool."""
         dev = p.mask.device
@@ -214,7 +214,7 @@ class DecodeState:
         return ((causal & p.mask[:, None, :e]) | eye)[:, None]
 
     def _layout(self, prompts: list, expand: torch.Tensor, pad_token_id: int,
-                past: list[KVPrefix | None] | None, chunk: int = 0) -> _Prefill:
+                past: list[KVPrefix | None] | None, chunk: int = 0) -> PrefillLayout:
         """The prompts left-padded into ids, mask and positions (counted over real tokens), the
         columns to run, and the causal + padding mask over them (pad queries see themselves)."""
         dev = self.f.device
@@ -235,12 +235,12 @@ class DecodeState:
         if U < self.rows and self.share_prompts:
             shared = SharedPrompts(U, W, mask, self.f.num_kv, self.f.kv_dtype)
         chunk = chunk if 0 < chunk < C else 0
-        p = _Prefill(lengths, cached, past, W, C, ids, mask, positions, None, cos, sin, expand, direct, shared, chunk)
+        p = PrefillLayout(lengths, cached, past, W, C, ids, mask, positions, None, cos, sin, expand, direct, shared, chunk)
         if not chunk:
             p.attn_mask = self._prefill_mask(p, W - C, W)  # [U, 1, C, W]
         return p
 
-    def _prefill_layer(self, p: _Prefill, x: torch.Tensor, li: int, L: Layer) -> torch.Tensor:
+    def _prefill_layer(self, p: PrefillLayout, x: torch.Tensor, li: int, L: Layer) -> torch.Tensor:
         """One layer over the prompts' running columns: their K/V stored (in the rows' cache or
         once per prompt), attention over the whole width. The last layer keeps only the last
         position (past the last K/V nothing else matters)."""
@@ -264,7 +264,7 @@ class DecodeState:
         x = x + lin(a.transpose(1, 2).flatten(2), L.wo, L.bo, keep=True)
         return x + f.mlp(x, L)
 
-    def _with_past(self, p: _Prefill, li: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _with_past(self, p: PrefillLayout, li: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V over the whole width: the copied prefixes, then the columns just computed (written
         in place into the rows' cache when ``p.direct``). Left padding is zeroed: masked, but
         never garbage (0 x NaN)."""
@@ -282,7 +282,7 @@ class DecodeState:
         K[:, :, W - C:], V[:, :, W - C:] = k, v
         return K, V
 
-    def _store_prompt_kv(self, p: _Prefill, li: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def _store_prompt_kv(self, p: PrefillLayout, li: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """The prompts' K/V [U, nkv, W, hd] into the cache: once per prompt when shared (the
         rows' cache columns < W stay unwritten), else copied to every row of the prompt."""
         U, W = len(p.lengths), p.W

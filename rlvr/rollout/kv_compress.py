@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlvr.rollout.kv_cache import DecodeState, KVPrefix, _Prefill
+from rlvr.rollout.kv_cache import DecodeState, KVPrefix, PrefillLayout
 
 if TYPE_CHECKING:
     from rlvr.rollout.decoder import FastLlama
@@ -77,7 +77,7 @@ class _Bounded(DecodeState):
         self.window, self.sinks = window, sinks
         super().__init__(f, rows, max_len, cuda_graphs=False, share_prompts=False)
 
-    def _store_prompt_kv(self, p: _Prefill, li: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def _store_prompt_kv(self, p: PrefillLayout, li: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if li == 0:
             self._prompt_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._prompt_kv.append((k, v))  # stored per row by ``_after_prefill``
@@ -114,7 +114,7 @@ class Int8State(_Bounded):
         bufs = [*self.k, *self.v, *self.qk, *self.qv, *self.sk, *self.sv]
         return sum(t.numel() * t.element_size() for t in bufs)
 
-    def _after_prefill(self, p: _Prefill) -> None:
+    def _after_prefill(self, p: PrefillLayout) -> None:
         W, R, ex = p.W, self.R, p.expand
         a = max(W - R, 0)  # prompt columns stored as int8 at once
         for li, (k, v) in enumerate(self._prompt_kv):
@@ -188,13 +188,13 @@ class SinkWindowState(_Bounded):
         """Whether a key at position ``kpos`` is in a query at ``qpos``'s sinks or window."""
         return (kpos < self.sinks) | (kpos > qpos - self.window)
 
-    def _prefill_mask(self, p: _Prefill, s: int, e: int) -> torch.Tensor:
+    def _prefill_mask(self, p: PrefillLayout, s: int, e: int) -> torch.Tensor:
         base = super()._prefill_mask(p, s, e)  # [U, 1, e - s, e]
         kpos, qpos = p.positions[:, None, :e], p.positions[:, s:e, None]
         eye = torch.arange(e, device=kpos.device)[None, :] == torch.arange(s, e, device=kpos.device)[:, None]
         return base & (self._visible(kpos, qpos) | eye)[:, None]
 
-    def _after_prefill(self, p: _Prefill) -> None:
+    def _after_prefill(self, p: PrefillLayout) -> None:
         W, ex = p.W, p.expand
         keep = p.mask.clone()
         if W > self.cap:  # keep what the first decode step (at position = length) can see
