@@ -1,6 +1,6 @@
 """Long context: peak memory and tokens/s of a training step and of generation at 1k-32k tokens.
 
-    python benchmarks/long_context.py --json PATH [--lengths 1024 4096 16384 32768] [--parts train generate]
+    python benchmarks/long_context.py --json PATH [--lengths 1024 4096 16384 32768] [--parts generate train]
 
 Every measurement runs in a fresh process (peak RSS = that process's ``ru_maxrss``; the Python +
 torch + model baseline, measured in the same process before the work, is subtracted), one at a
@@ -14,10 +14,11 @@ longest length.
   (``algo.gradient_checkpointing``) and ``chunk_ckpt`` (both). Reported: the peak above the
   baseline, the share of it that the estimate of ``rlvr.train.memory_plan`` attributes to
   activations and logits, and tokens/s.
-- ``generate``: the rollout engine on one prompt of L tokens, 32 new tokens (greedy): prefill and
-  decode tokens/s, the peak above the baseline and the KV cache's bytes (``DecodeState.kv_bytes``),
-  for each engine option the engine has (``plain``, ``prefill_chunk``, and the ``kv_cache``
-  options).
+- ``generate``: the rollout engine (fast decoder) on one prompt of L tokens, then 32 new tokens
+  (greedy): prefill tokens/s (a call with one new token), decode tokens/s (the rest of a call with
+  33; each the faster of two calls, after an untimed short one), the peak above the baseline and the KV cache's bytes at the end (``DecodeState.kv_bytes``),
+  for ``plain``, ``chunked_prefill`` (1024-token chunks), ``int8`` (chunked, full-precision window
+  256) and ``sink_window`` (chunked, 4 sinks + a 1024-token window).
 
 The slope between 4k and 32k (peak at 32k / peak at 4k) is printed per option: a bounded option
 stays near 1, the plain path grows with L (linearly, or worse for the logits).
@@ -95,6 +96,47 @@ def train_child(variant: str, length: int) -> dict:
             "tokens_per_s": round(length / seconds, 1), "seconds": round(seconds, 2)}
 
 
+GENERATE_OPTIONS = {"plain": dict(), "chunked_prefill": dict(prefill_chunk=1024),
+                    "int8": dict(prefill_chunk=1024, kv_cache="int8", kv_window=256),
+                    "sink_window": dict(prefill_chunk=1024, kv_cache="sink_window", kv_sinks=4, kv_window=1024)}
+NEW_TOKENS = 32
+
+
+def generate_child(option: str, length: int) -> dict:
+    import torch
+
+    from rlvr.rollout import decoder
+    from rlvr.rollout.engine import SamplingParams, generate
+
+    model = build_model(length + NEW_TOKENS).eval()
+    states = []
+    start = decoder.FastLlama.start
+
+    def recording_start(self, *a, **kw):  # the call's DecodeState, to read its cache size after
+        states.append(start(self, *a, **kw))
+        return states[-1]
+
+    decoder.FastLlama.start = recording_start
+    prompt = torch.randint(3, MODEL["vocab_size"], (length,), generator=torch.Generator().manual_seed(1)).tolist()
+
+    def run(new: int, tokens: list[int]) -> float:
+        params = SamplingParams(max_new_tokens=new, temperature=0.0, n=1, stop_token_ids=(), **GENERATE_OPTIONS[option])
+        t0 = time.perf_counter()
+        out = generate(model, [tokens], params, pad_token_id=0, backend="fast")
+        assert len(out[0].token_ids) == new
+        return time.perf_counter() - t0
+
+    run(2, prompt[:64])  # first-call costs (allocator, weight formats), not timed
+    baseline = rss_mb()
+    prefill = min(run(1, prompt) for _ in range(2))
+    whole = min(run(NEW_TOKENS + 1, prompt) for _ in range(2))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"part": "generate", "option": option, "length": length,
+            "peak_above_baseline_mb": round(peak - baseline, 1), "kv_mb": round(states[-1].kv_bytes() / 2**20, 2),
+            "prefill_tokens_per_s": round(length / prefill, 1),
+            "decode_tokens_per_s": round(NEW_TOKENS / max(whole - prefill, 1e-9), 1)}
+
+
 def run_child(kind: str, option: str, length: int) -> dict:
     cmd = [sys.executable, __file__, "--child", kind, option, str(length)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -119,18 +161,27 @@ def slopes(rows: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
-    parser.add_argument("--parts", nargs="+", default=["train"], choices=["train"])
+    parser.add_argument("--parts", nargs="+", default=["generate", "train"], choices=["generate", "train"])
     parser.add_argument("--json", dest="json_path")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, option, length = args.child
-        print(json.dumps(train_child(option, int(length))))
+        child = train_child if kind == "train" else generate_child
+        print(json.dumps(child(option, int(length))))
         return
     idle = idle_cpu()
-    rows = [run_child("train", option, n) for n in args.lengths for option in TRAIN_VARIANTS]
-    print_table(rows, ["part", "option", "length", "peak_above_baseline_mb", "estimate_mb", "activations_mb",
-                       "logits_mb", "tokens_per_s"])
+    rows = []
+    if "generate" in args.parts:
+        rows += [run_child("generate", option, n) for n in args.lengths for option in GENERATE_OPTIONS]
+        print_table([r for r in rows if r["part"] == "generate"],
+                    ["part", "option", "length", "peak_above_baseline_mb", "kv_mb", "prefill_tokens_per_s",
+                     "decode_tokens_per_s", "error"])
+    if "train" in args.parts:
+        rows += [run_child("train", option, n) for n in args.lengths for option in TRAIN_VARIANTS]
+        print_table([r for r in rows if r["part"] == "train"],
+                    ["part", "option", "length", "peak_above_baseline_mb", "estimate_mb", "activations_mb",
+                     "logits_mb", "tokens_per_s", "error"])
     s = slopes(rows)
     for k, v in sorted(s.items()):
         print(f"{k}: peak {v['from']} -> {v['to']} tokens x{v['ratio']}")

@@ -13,10 +13,11 @@
 - Chunked prefill (``prefill(..., chunk=N)``, ``SamplingParams.prefill_chunk``): the running
   columns go through the layers N at a time; each chunk writes its K/V into a per-prompt buffer of
   the whole width (the rows' cache itself when one row per prompt) and attends to the columns
-  before it plus itself (causal), so the activations (``[U, N, hidden]``) and attention scores
-  (``[U, heads, N, columns so far]``) are bounded by the chunk, not by the prompt. Greedy tokens
-  and log-probs equal the one-pass prefill (to float rounding: the reductions run over fewer
-  columns). The mask is built per chunk. The last layer of an earlier chunk only stores its K/V.
+  before it plus itself (causal) N key columns at a time (``rollout/block_attention.py``: the
+  softmax merged across key blocks), so the activations (``[U, N, hidden]``) and attention scores
+  (``[U, heads, N, N]``) are bounded by the chunk, not by the prompt. Greedy tokens and log-probs
+  equal the one-pass prefill (to float rounding). The last layer of an earlier chunk only stores
+  its K/V.
 - Memory-bounded caches (``rollout/kv_compress.py``): subclasses that store the K/V differently
   (int8 beyond a recent window; StreamingLLM sinks + window) override the hooks ``_allocate``,
   ``_store_prompt_kv``, ``_after_prefill``, ``_next_mask``, ``_write_kv``, ``_attend`` and
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from rlvr.rollout.block_attention import block_attention
 from rlvr.rollout.cuda_graphs import StepGraphs, bucket
 from rlvr.rollout.gemm import lin, lin_res
 from rlvr.rollout.shared_prompts import SharedPrompts
@@ -162,7 +164,6 @@ class DecodeState:
         for s in range(W - C, W, p.chunk):
             e = min(s + p.chunk, W)
             final = e == W
-            am = self._prefill_mask(p, s, e)  # [U, 1, e - s, e]
             cos, sin = p.cos[:, s - (W - C):e - (W - C)], p.sin[:, s - (W - C):e - (W - C)]
             x = F.embedding(p.ids[:, s:e], f.embed)
             for li, L in enumerate(f.layers):
@@ -173,19 +174,21 @@ class DecodeState:
                 V[:, :, s:e] = qkv[..., (nh + nkv) * hd:].unflatten(-1, (nkv, hd)).transpose(1, 2)
                 if li == last and not final:
                     break  # only this chunk's K/V matter here; its last layer's output is never read
-                q = qk[..., :nh, :].transpose(1, 2)
-                k, v, m = K[:, :, :e], V[:, :, :e], am
-                if f.rep > 1:
-                    k = k.repeat_interleave(f.rep, dim=1)
-                    v = v.repeat_interleave(f.rep, dim=1)
+                q, q_start = qk[..., :nh, :].transpose(1, 2), s
                 if li == last:
-                    q, m, x = q[:, :, -1:], am[:, :, -1:], x[:, -1:]
-                a = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+                    q, x, q_start = q[:, :, -1:], x[:, -1:], e - 1
+                a = block_attention(q, K[:, :, :e], V[:, :, :e], q_start, p.mask[:, :e], p.chunk,
+                                    self._chunk_visible(p, q_start, e))
                 x = x + lin(a.transpose(1, 2).flatten(2), L.wo, L.bo, keep=True)
                 x = x + f.mlp(x, L)
         for li, (K, V) in enumerate(bufs):
             self._store_prompt_kv(p, li, K, V)
         return x
+
+    def _chunk_visible(self, p: PrefillLayout, s: int, e: int):
+        """A further restriction of query columns ``s .. e-1`` to keys, per key block, for
+        ``block_attention`` (None here: causal over real tokens only)."""
+        return None
 
     def _prompt_buffers(self, p: PrefillLayout, li: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Whole-width K/V buffers [U, nkv, W, hd] of layer ``li`` for a chunked prefill: the rows'

@@ -194,6 +194,10 @@ class SinkWindowState(_Bounded):
         eye = torch.arange(e, device=kpos.device)[None, :] == torch.arange(s, e, device=kpos.device)[:, None]
         return base & (self._visible(kpos, qpos) | eye)[:, None]
 
+    def _chunk_visible(self, p: PrefillLayout, s: int, e: int):
+        qpos = p.positions[:, s:e, None]
+        return lambda b0, b1: self._visible(p.positions[:, None, b0:b1], qpos)[:, None]
+
     def _after_prefill(self, p: PrefillLayout) -> None:
         W, ex = p.W, p.expand
         keep = p.mask.clone()
