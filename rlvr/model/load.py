@@ -14,6 +14,15 @@ for a tokenizer that has none (a Jinja file or the template text). The dtype goe
 ``from_pretrained`` as ``dtype=`` on transformers >= 4.56 and ``torch_dtype=`` before
 (``dtype_kwarg``), so the whole range in ``pyproject.toml`` loads the same way.
 
+RoPE scaling (``model_load.rope_scaling``, the mapping of ``TinyModelConfig.rope_scaling``:
+``linear`` / ``yarn`` / ``dynamic``; YaRN's ``original_max_positions`` defaults to the model's
+own trained length): the directory's config is read, its RoPE parameters replaced (its
+``rope_theta`` kept) and the model built from that config (``from_pretrained(config=...)``);
+``max_position_embeddings`` becomes the trained length x ``factor`` unless
+``model_load.max_positions`` sets it. The trained length is the config's
+``original_max_position_embeddings`` where it has one, else its ``max_position_embeddings``. A
+model whose config has no RoPE (GPT-2) or RoPE per layer type (Gemma 3) is refused.
+
 Fallback: a tokenizer without a pad token gets its EOS token as pad (padding is always masked, so
 the choice of id does not matter).
 
@@ -29,10 +38,11 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from rlvr.config import check_choice
-from rlvr.errors import UserError
+from rlvr.config import check_choice, check_range
+from rlvr.errors import ConfigError, UserError
+from rlvr.model.tiny import check_rope_scaling, hf_rope_parameters
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -49,9 +59,19 @@ class ModelLoadConfig:
     """Run the model directory's own Python code (config.json auto_map); off unless you opt in."""
     chat_template: str = ""
     """A Jinja chat template (a file path or the template text) for a tokenizer that has none."""
+    rope_scaling: dict | None = None
+    """Override the model's RoPE scaling (None: as saved): {type: linear, factor: F} | {type: yarn,
+    factor: F, [original_max_positions, beta_fast, beta_slow, attention_factor]} | {type: dynamic, factor: F}."""
+    max_positions: int = 0
+    """With rope_scaling: the model's max_position_embeddings (0: its trained length x factor)."""
 
     def __post_init__(self) -> None:
         check_choice("model_load.dtype", self.dtype, ["auto", *DTYPES])
+        check_range("model_load.max_positions", self.max_positions, 0)
+        if self.rope_scaling is not None:
+            self.rope_scaling = check_rope_scaling("model_load.rope_scaling", self.rope_scaling, require_original=False)
+        elif self.max_positions:
+            raise ConfigError("config key 'model_load.max_positions' only applies with model_load.rope_scaling")
 
 
 def dtype_kwarg(version: str = transformers.__version__) -> str:
@@ -120,7 +140,47 @@ def pretrained_kwargs(path: str | Path, options: ModelLoadConfig | None = None,
     kwargs = {dtype_kwarg(): resolve_dtype(p, options, dtype), "local_files_only": True}
     if _check_remote_code(p, options):
         kwargs["trust_remote_code"] = True
+    if options is not None and options.rope_scaling is not None:
+        try:
+            config = AutoConfig.from_pretrained(p, **{k: v for k, v in kwargs.items() if k != dtype_kwarg()})
+        except Exception as e:
+            raise UserError(f"could not read the config of '{p}': {_first_line(e)}") from e
+        apply_rope_scaling(config, options.rope_scaling, options.max_positions, where=str(p))
+        kwargs["config"] = config
     return p, kwargs
+
+
+def apply_rope_scaling(config, scaling: dict, max_positions: int = 0, where: str = "the model") -> None:
+    """Replace ``config``'s RoPE scaling with the checked ``scaling`` (``check_rope_scaling``),
+    keeping its ``rope_theta``, and set ``max_position_embeddings`` to ``max_positions`` (0: the
+    trained length x factor). Raises ``UserError`` for a config without one global RoPE."""
+    what = f"config key 'model_load.rope_scaling': model '{where}' ({getattr(config, 'model_type', '?')})"
+    trained = getattr(config, "max_position_embeddings", None)
+    if not isinstance(trained, int):
+        raise UserError(f"{what} has no max_position_embeddings")
+    rope = getattr(config, "rope_parameters", None)
+    if rope is not None or not hasattr(config, "rope_scaling"):  # transformers 5 (or a config without RoPE)
+        if not isinstance(rope, dict) or not rope or "rope_theta" not in rope:
+            kind = "RoPE per layer type" if isinstance(rope, dict) and rope else "no rotary position embedding"
+            raise UserError(f"{what} has {kind}; RoPE scaling applies to models with one global RoPE (Llama family)")
+        theta = rope["rope_theta"]
+    else:  # transformers 4: rope_theta beside rope_scaling
+        rope = getattr(config, "rope_scaling", None) or {}
+        theta = getattr(config, "rope_theta", None)
+        if theta is None:
+            raise UserError(f"{what} has no rotary position embedding; RoPE scaling applies to the Llama family")
+    trained = getattr(config, "original_max_position_embeddings", None) or rope.get(
+        "original_max_position_embeddings") or trained
+    params = hf_rope_parameters(scaling, float(theta), original=trained)
+    base = params.get("original_max_position_embeddings", trained)
+    config.max_position_embeddings = int(max_positions or round(base * scaling["factor"]))
+    if hasattr(config, "original_max_position_embeddings"):  # Phi-3 keeps it beside the RoPE dict
+        config.original_max_position_embeddings = base
+    if hasattr(config, "rope_parameters") and getattr(config, "rope_parameters", None) is not None:
+        config.rope_parameters = params
+    else:
+        rest = {k: v for k, v in params.items() if k != "rope_theta"}
+        config.rope_scaling = rest
 
 
 def load_model(path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",

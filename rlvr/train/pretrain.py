@@ -15,6 +15,7 @@ import torch
 from rich.progress import Progress
 
 from rlvr.config import check_device, check_range, resolve_device, to_dict
+from rlvr.errors import ConfigError
 from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint, save_model_dir
 from rlvr.model.load import load_model_and_tokenizer
 from rlvr.model.tiny import TinyModelConfig, build_tiny_model
@@ -48,7 +49,8 @@ class PretrainConfig:
     batch_size: int = 32
     """Sequences per optimizer step."""
     seq_len: int = 128
-    """Tokens per sequence (documents are packed, separated by the end token)."""
+    """Tokens per sequence (documents are packed, separated by the end token); at most
+    model.max_positions: raise both to train at a longer context."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3, warmup_steps=50, schedule="cosine", weight_decay=0.01))
     """Optimizer and schedule."""
     log_every: int = 25
@@ -63,6 +65,10 @@ class PretrainConfig:
         check_device("pretrain.device", self.device)
         check_range("pretrain.steps", self.steps, 1)
         check_range("pretrain.seq_len", self.seq_len, 8)
+        if self.seq_len > self.model.max_positions:
+            raise ConfigError(f"pretrain.seq_len ({self.seq_len}) is longer than pretrain.model.max_positions "
+                              f"({self.model.max_positions}); to train at a longer context raise both "
+                              "(e.g. pretrain.seq_len=512 pretrain.model.max_positions=512)")
         for d in self.domains:
             DOMAINS.get(d)
 
