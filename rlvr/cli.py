@@ -138,12 +138,19 @@ def cmd_pretrain(args) -> None:
 
 
 def cmd_sft(args) -> None:
-    """``rlvr sft``: supervised fine-tuning; prints the result and the model dir."""
+    """``rlvr sft``: supervised fine-tuning (--nproc N relaunches under torchrun: data parallel,
+    sft.shard, sft.sequence_parallel); rank 0 prints the result and the model dir."""
+    from rlvr.train.distributed import launched
     from rlvr.train.sft import SFTConfig, run_sft
 
+    if args.nproc > 1 and launched().world == 1:
+        return data_parallel_launch(args.nproc, args.argv)
     cfg = _load(SFTConfig, args)
-    print(json.dumps(run_sft(cfg, resume=args.resume), indent=2))
-    print(f"model: {cfg.out}/final")
+    result = run_sft(cfg, resume=args.resume)
+    if launched().is_main:
+        print(json.dumps(result, indent=2))
+        print(f"model: {cfg.out}/final")
+    return None
 
 
 def cmd_train(args) -> None:
@@ -508,6 +515,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--nproc", type=int, default=1, metavar="N",
                            help="data parallel: run N processes on this machine with torchrun (needs "
                                 "distributed.rollout_chunk; docs/distributed.md)")
+        if name == "sft":
+            p.add_argument("--nproc", type=int, default=1, metavar="N",
+                           help="run N processes on this machine with torchrun: data parallel, or "
+                                "sft.shard / sft.sequence_parallel (docs/distributed.md)")
         p.set_defaults(fn=fn)
     p = sub.add_parser("pairs", help="preference pairs from a model's verified rollouts (passed vs failed)")
     _config_args(p)

@@ -13,12 +13,17 @@ expert actions (``Task.actions``) are played in its environment (tools run in th
 and the conversation becomes ids with ``rlvr.envs.tokens.conversation_ids``: assistant turns
 trained, tool results masked, in exactly the layout of a rollout. A demonstration that does not
 pass its own verifier, or does not fit the model's context, is dropped (and counted).
+
+Under torchrun the same run trains data parallel, with sharded weights (``shard``, FSDP2) or
+sequence parallel (``sequence_parallel``): ``rlvr.train.sft_parallel``; rank 0 writes the
+metrics, the checkpoints (sharded: every rank its shards) and ``final/``.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from rich.progress import Progress
@@ -48,7 +53,9 @@ from rlvr.train.common import (
     seed_everything,
     training_state,
 )
+from rlvr.train.distributed import barrier, launched, rank_device
 from rlvr.train.policy import Policy
+from rlvr.train import sft_parallel as par
 from rlvr.envs.base import EnvConfig, play
 from rlvr.envs.tokens import conversation_ids
 from rlvr.sandbox.config import SandboxConfig
@@ -104,6 +111,14 @@ class SFTConfig:
     demonstration is dropped only if it fails its own verifier or the model's context)."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     """Where the tools of multi-turn demonstrations run (opened only if there are any)."""
+    shard: bool = False
+    """Under torchrun: shard the weights, gradients and optimizer state over the ranks (FSDP2,
+    ``rlvr.train.sharded``); checkpoints are DCP and resume at any world size. Not with LoRA or
+    ``optim.master_weights``; refused without torchrun."""
+    sequence_parallel: bool = False
+    """Under torchrun: split each example's tokens across all ranks (Ulysses,
+    ``rlvr.train.sequence_parallel``; every rank takes every row of the batch, one at a time).
+    Needs the attention and key/value heads divisible by the world size; refused without torchrun."""
 
     def __post_init__(self) -> None:
         check_device("sft.device", self.device)
@@ -114,6 +129,12 @@ class SFTConfig:
         check_range("sft.steps", self.steps, 1)
         check_range("sft.batch_size", self.batch_size, 1)
         check_range("sft.checkpoint_every", self.checkpoint_every, 1)
+        if self.shard and self.lora.enabled:
+            raise ConfigError("sft.shard is not supported with LoRA (lora.enabled): use data parallel "
+                              "(torchrun without sft.shard) for LoRA")
+        if self.shard and self.optim.master_weights:
+            raise ConfigError("sft.shard is not supported with optim.master_weights (FSDP2 keeps the sharded "
+                              "float32 parameters itself)")
 
 
 def build_examples(tokenizer, tasks: list[Task], *, env_cfg: EnvConfig | None = None, sandbox=None,
@@ -162,47 +183,76 @@ def demonstration_tasks(files: list[TaskFileConfig]) -> list[Task]:
 
 def run_sft(cfg: SFTConfig, *, resume: bool = False, progress: bool = True) -> dict:
     """Supervised fine-tuning; ``resume``: continue from the newest complete checkpoint (weights or
-    adapter, optimizer, schedule, RNGs and the data order), the metrics cut back to it."""
+    adapter, optimizer, schedule, RNGs and the data order), the metrics cut back to it. Under
+    torchrun: data parallel, sharded or sequence parallel (``rlvr.train.sft_parallel``)."""
     keep_freed_memory()
     seed_everything(cfg.seed)
-    run_dir = prepare_run_dir(cfg.out, cfg)
+    group = launched()
+    par.check_parallel(cfg, group)
+    run_dir = prepare_run_dir(cfg.out, cfg) if group.is_main else Path(cfg.out)
     start = time.perf_counter()
-    device = resolve_device("sft.device", cfg.device)
-    pull_if_missing(cfg.store, run_dir, resume)  # another machine's run, from the store alone
+    device = rank_device(resolve_device("sft.device", cfg.device))
+    layout = par.join(cfg, group, device)
+    if group.is_main:
+        pull_if_missing(cfg.store, run_dir, resume)  # another machine's run, from the store alone
+    barrier()  # the other ranks read the pulled checkpoint
     ckpt = latest_checkpoint(run_dir) if resume else None
-    policy = Policy.load(cfg.model, cfg.lora, ckpt, device=device, options=cfg.model_load)
+    sharded_ckpt = ckpt is not None and par.is_sharded_checkpoint(ckpt)
+    if cfg.shard and ckpt is not None and not sharded_ckpt:
+        raise ConfigError(f"sft.shard: {ckpt} is not a sharded checkpoint; resume it without sft.shard")
+    if sharded_ckpt and cfg.lora.enabled:
+        raise ConfigError(f"{ckpt} is a sharded (full-weights) checkpoint; resume it without lora.enabled")
+    policy = Policy.load(cfg.model, cfg.lora, None if sharded_ckpt else ckpt, device=device, options=cfg.model_load)
     model, tokenizer = policy.model, policy.tokenizer  # LoRA: only the adapters require grad
     model.train()
+    par.prepare(model, layout)  # sharded: before the optimizer
     examples = sft_examples(cfg, run_dir, tokenizer, getattr(model.config, "max_position_embeddings", None))
     opt, sched = build_optimizer(model, cfg.optim, cfg.steps)
     gen = torch.Generator().manual_seed(cfg.seed)
     order = torch.randperm(len(examples), generator=gen).tolist()
     first, cursor, loss_value = 1, 0, float("nan")
     if ckpt is not None:
-        state = restore_training_state(ckpt, opt, sched, gen)
+        state = (par.restore_sharded(ckpt, model, opt, sched, gen) if sharded_ckpt
+                 else restore_training_state(ckpt, opt, sched, gen))
         first, order, cursor, loss_value = state["step"] + 1, state["order"], state["cursor"], state["loss"]
     logger = MetricsLogger(run_dir, resume_step=first - 1 if resume else None,
-                           trackers=open_trackers(cfg.trackers, run_dir, to_dict(cfg)))
-    with Progress(disable=not progress, transient=True) as bar:
+                           trackers=open_trackers(cfg.trackers, run_dir, to_dict(cfg))) if group.is_main else None
+    with Progress(disable=not progress or not group.is_main, transient=True) as bar:
         job = bar.add_task("sft", total=cfg.steps, completed=first - 1)
         for step in range(first, cfg.steps + 1):
             if cursor + cfg.batch_size > len(order):
                 order, cursor = torch.randperm(len(examples), generator=gen).tolist(), 0
-            metrics = sft_step(model, [examples[i] for i in order[cursor: cursor + cfg.batch_size]], cfg, opt, sched,
-                               tokenizer.pad_token_id, device)
+            rows = [examples[i] for i in order[cursor: cursor + cfg.batch_size]]
+            if layout.world == 1:
+                metrics = sft_step(model, rows, cfg, opt, sched, tokenizer.pad_token_id, device)
+            else:
+                metrics = par.parallel_step(model, rows, layout, opt, sched, cfg.optim.grad_clip,
+                                            tokenizer.pad_token_id, device)
             cursor += cfg.batch_size
             loss_value = metrics["train/loss"]
-            if step % cfg.log_every == 0 or step == cfg.steps:
+            if logger is not None and (step % cfg.log_every == 0 or step == cfg.steps):
                 logger.log(step, metrics)
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:  # the last: a resume after it only saves final/
-                path = save_checkpoint(run_dir, step, policy.checkpoint_module(), tokenizer,
-                                       training_state(step, opt, sched, gen, order=order, cursor=cursor, loss=loss_value))
-                prune_checkpoints(run_dir, keep=2)
-                mirror_checkpoint(cfg.store, path, run_dir, keep=2)
+                state = training_state(step, opt, sched, gen, order=order, cursor=cursor, loss=loss_value)
+                path = None
+                if layout.shard:  # every rank writes its shards; the optimizer is in them
+                    del state["optimizer"]
+                    path = par.save_sharded_checkpoint(run_dir, step, model, opt, state, layout)
+                elif group.is_main:  # the ranks' weights are the same: rank 0 writes them
+                    path = save_checkpoint(run_dir, step, policy.checkpoint_module(), tokenizer, state)
+                if group.is_main:
+                    prune_checkpoints(run_dir, keep=2)
+                    mirror_checkpoint(cfg.store, path, run_dir, keep=2)
             bar.update(job, advance=1, description=f"sft loss {loss_value:.3f}")
-    logger.close()
-    policy.save_final(run_dir / "final")
-    mirror_final(cfg.store, run_dir / "final")
+    if logger is not None:
+        logger.close()
+    if layout.shard:
+        par.save_final_sharded(run_dir / "final", model, tokenizer, cfg, layout)
+    elif group.is_main:
+        policy.save_final(run_dir / "final")
+    if group.is_main:
+        mirror_final(cfg.store, run_dir / "final")
+    par.close(layout)
     return {"loss": loss_value, "examples": len(examples), "seconds": time.perf_counter() - start}
 
 

@@ -20,7 +20,7 @@ by parameter name (``get_state_dict``), so they do not depend on the world size;
 ``load_checkpoint`` reads them into a model sharded over any number of ranks or into a plain
 model in a process without a process group (DCP then reads in that one process).
 
-Nothing in the training commands uses this module yet: it is the library piece (no config key).
+`rlvr sft` uses it under torchrun with `sft.shard: true` (`rlvr.train.sft_parallel`).
 """
 
 from __future__ import annotations
