@@ -119,3 +119,29 @@ def test_a_frozen_models_logprobs_in_token_micro_batches_equal_one_forward(packi
     assert whole[real].abs().sum() > 0
     torch.testing.assert_close(parts[real], whole[real], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(planned[real], whole[real], atol=1e-5, rtol=1e-5)
+
+
+def test_truncation_is_logged_per_level_when_a_batch_mixes_levels():
+    """A length curriculum's batches mix levels: the share cut at the length limit per level."""
+    import dataclasses
+
+    from rlvr.tasks.base import generate_tasks
+    from rlvr.train.step_metrics import rollout_metrics
+    from rlvr.types import Scored, Trajectory, Verdict
+
+    tasks = generate_tasks(["long_ctx.needle"], "train", 6, seed=0, levels=[1, 2])
+    assert {t.level for t in tasks} == {1, 2}
+    out = []
+    first_level2 = next(i for i, t in enumerate(tasks) if t.level == 2)
+    for i, t in enumerate(tasks):
+        cut = i == first_level2
+        traj = Trajectory(task_id=t.id, group_id=i, messages=(), completion="", token_ids=(1, 2), loss_mask=(0, 1),
+                          logprobs=(0.0, -1.0), finish_reason="length" if cut else "stop")
+        out.append(Scored(task=t, trajectory=traj, verdict=Verdict(False, 0.0, "mismatch"), reward=0.0))
+    m = rollout_metrics(out, out)
+    level2 = [s for s in out if s.task.level == 2]
+    assert m["rollout/truncated_frac/level_1"] == 0.0
+    assert m["rollout/truncated_frac/level_2"] == sum(s.trajectory.finish_reason == "length" for s in level2) / len(level2)
+    assert m["rollout/truncated_frac/level_2"] > 0
+    one_level = [dataclasses.replace(s, task=dataclasses.replace(s.task, level=1)) for s in out]
+    assert not any(k.startswith("rollout/truncated_frac/") for k in rollout_metrics(one_level, one_level))

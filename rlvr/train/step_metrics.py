@@ -1,4 +1,5 @@
-"""A step's rollout metrics: reward, pass rate, length, truncation, entropy, per domain, term and reward source."""
+"""A step's rollout metrics: reward, pass rate, length, truncation (per level when there are several), entropy, per
+domain, term and reward source."""
 
 from __future__ import annotations
 
@@ -35,6 +36,12 @@ def rollout_metrics(scored: list[Scored], kept: list[Scored]) -> dict:
         by_domain[s.task.domain].append(s.verdict.passed)
     for domain, passed in by_domain.items():
         out[f"rollout/pass_rate/{domain}"] = sum(passed) / len(passed)
+    by_level: dict[int, list[bool]] = defaultdict(list)
+    for s in scored:
+        by_level[s.task.level].append(s.trajectory.finish_reason == "length")
+    if len(by_level) > 1:  # several levels (a length curriculum): where the length limit cuts
+        for level, cut in sorted(by_level.items()):
+            out[f"rollout/truncated_frac/level_{level}"] = sum(cut) / len(cut)
     return out
 
 
