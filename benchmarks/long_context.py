@@ -15,8 +15,8 @@ longest length.
   baseline, the share of it that the estimate of ``rlvr.train.memory_plan`` attributes to
   activations and logits, and tokens/s.
 - ``generate``: the rollout engine (fast decoder) on one prompt of L tokens, then 32 new tokens
-  (greedy): prefill tokens/s (a call with one new token), decode tokens/s (the rest of a call with
-  33; each the faster of two calls, after an untimed short one), the peak above the baseline and the KV cache's bytes at the end (``DecodeState.kv_bytes``),
+  (greedy): prefill tokens/s (the state's ``prefill``) and decode tokens/s (its 32 decode
+  ``step`` calls), each the faster of two calls after an untimed short one, the peak above the baseline and the KV cache's bytes at the end (``DecodeState.kv_bytes``),
   for ``plain``, ``chunked_prefill`` (1024-token chunks), ``int8`` (chunked, full-precision window
   256) and ``sink_window`` (chunked, 4 sinks + a 1024-token window).
 
@@ -119,22 +119,35 @@ def generate_child(option: str, length: int) -> dict:
     decoder.FastLlama.start = recording_start
     prompt = torch.randint(3, MODEL["vocab_size"], (length,), generator=torch.Generator().manual_seed(1)).tolist()
 
-    def run(new: int, tokens: list[int]) -> float:
+    def run(new: int, tokens: list[int]) -> dict:
         params = SamplingParams(max_new_tokens=new, temperature=0.0, n=1, stop_token_ids=(), **GENERATE_OPTIONS[option])
-        t0 = time.perf_counter()
         out = generate(model, [tokens], params, pad_token_id=0, backend="fast")
         assert len(out[0].token_ids) == new
-        return time.perf_counter() - t0
+        return dict(timed)
 
+    timed = {"prefill": 0.0, "step": 0.0}
     run(2, prompt[:64])  # first-call costs (allocator, weight formats), not timed
+    cls = type(states[-1])  # the state class of this option: time its prefill and its decode steps
+    for name in ("prefill", "step"):
+        def timer(self, *a, _f=getattr(cls, name), _n=name, **kw):
+            t0 = time.perf_counter()
+            try:
+                return _f(self, *a, **kw)
+            finally:
+                timed[_n] += time.perf_counter() - t0
+        setattr(cls, name, timer)
     baseline = rss_mb()
-    prefill = min(run(1, prompt) for _ in range(2))
-    whole = min(run(NEW_TOKENS + 1, prompt) for _ in range(2))
+    runs = []
+    for _ in range(2):
+        timed.update(prefill=0.0, step=0.0)
+        runs.append(run(NEW_TOKENS + 1, prompt))
+    prefill = min(r["prefill"] for r in runs)
+    decode = min(r["step"] for r in runs)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"part": "generate", "option": option, "length": length,
             "peak_above_baseline_mb": round(peak - baseline, 1), "kv_mb": round(states[-1].kv_bytes() / 2**20, 2),
             "prefill_tokens_per_s": round(length / prefill, 1),
-            "decode_tokens_per_s": round(NEW_TOKENS / max(whole - prefill, 1e-9), 1)}
+            "decode_tokens_per_s": round(NEW_TOKENS / decode, 1)}
 
 
 def run_child(kind: str, option: str, length: int) -> dict:
