@@ -242,11 +242,11 @@ def test_episodes_reuse_each_turns_cache_and_match_running_the_whole_conversatio
     ran: list[tuple[int, int]] = []  # (columns computed, prompt width) per prefill
     real = DecodeState.prefill
 
-    def counting(self, prompts, expand, pad_token_id, past=None):
+    def counting(self, prompts, expand, pad_token_id, past=None, **kwargs):
         W = max(len(p) for p in prompts)
         cached = [min(c.length, len(p) - 1) if c is not None else 0 for c, p in zip(past or [None] * len(prompts), prompts)]
         ran.append((max(len(p) - m for p, m in zip(prompts, cached)), W))
-        return real(self, prompts, expand, pad_token_id, past)
+        return real(self, prompts, expand, pad_token_id, past, **kwargs)
 
     monkeypatch.setattr(DecodeState, "prefill", counting)
     cfg = EnvConfig(max_turns=4, turn_tokens=24, max_tokens=80, max_context=400)

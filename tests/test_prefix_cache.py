@@ -42,8 +42,8 @@ def prefilled(monkeypatch):
     counts: list[int] = []
     layout = DecodeState._layout
 
-    def spy(self, prompts, expand, pad, past):
-        p = layout(self, prompts, expand, pad, past)
+    def spy(self, prompts, expand, pad, past, *rest):
+        p = layout(self, prompts, expand, pad, past, *rest)
         counts.append(p.C * len(prompts))
         return p
 
