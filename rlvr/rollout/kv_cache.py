@@ -271,18 +271,8 @@ class DecodeState:
         """K/V over the whole width: the copied prefixes, then the columns just computed (written
         in place into the rows' cache when ``p.direct``). Left padding is zeroed: masked, but
         never garbage (0 x NaN)."""
-        U, W, C = len(p.lengths), p.W, p.C
-        nkv, hd = self.f.num_kv, self.f.head_dim
-        K = self.k[li][:U, :, :W] if p.direct else k.new_empty((U, nkv, W, hd))
-        V = self.v[li][:U, :, :W] if p.direct else v.new_empty((U, nkv, W, hd))
-        for j, m in enumerate(p.cached):
-            s0 = W - p.lengths[j]
-            K[j, :, :min(s0, W - C)] = 0
-            V[j, :, :min(s0, W - C)] = 0
-            if m:
-                K[j, :, s0:s0 + m] = p.past[j].k[li][:, :m]
-                V[j, :, s0:s0 + m] = p.past[j].v[li][:, :m]
-        K[:, :, W - C:], V[:, :, W - C:] = k, v
+        K, V = self._prompt_buffers(p, li)
+        K[:, :, p.W - p.C:], V[:, :, p.W - p.C:] = k, v
         return K, V
 
     def _store_prompt_kv(self, p: PrefillLayout, li: int, k: torch.Tensor, v: torch.Tensor) -> None:
