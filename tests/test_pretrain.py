@@ -45,3 +45,19 @@ def test_crashed_pretrain_resumes_to_the_same_model(tmp_path, monkeypatch):
     a, b = load_model(tmp_path / "a" / "final"), load_model(tmp_path / "b" / "final")
     for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.equal(pa, pb), name
+
+
+def test_packing_encodes_in_one_batch_to_the_ids_of_one_document_at_a_time():
+    from rlvr.model.tokenizer import train_tokenizer
+    from rlvr.tasks.base import DOMAINS
+    from rlvr.train.pretrain import pack
+
+    docs = DOMAINS.get("math.word").corpus(0, 60) + DOMAINS.get("code.gen").corpus(0, 60)
+    tok = train_tokenizer(docs, vocab_size=300)
+    assert getattr(tok, "backend_tokenizer", None) is not None  # the batch path
+    one_by_one = []
+    for doc in docs:
+        one_by_one += tok(doc, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    rows = pack(tok, docs, 32)
+    n = len(one_by_one) // 32
+    assert rows.shape == (n, 32) and rows.flatten().tolist() == one_by_one[: n * 32]
