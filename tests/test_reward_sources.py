@@ -126,6 +126,10 @@ class Stub:
                 try:
                     time.sleep(stub.delay)
                     status, payload = stub.reply(body, self.headers)
+                finally:  # no longer active before the reply leaves: the client's next request
+                    with stub.lock:  # may arrive before this thread would get back here
+                        stub.active -= 1
+                try:
                     data = json.dumps(payload).encode()
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
@@ -134,9 +138,6 @@ class Stub:
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):
                     pass
-                finally:
-                    with stub.lock:
-                        stub.active -= 1
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
