@@ -89,6 +89,21 @@ class _Bounded(DecodeState):
     def worth_compacting(self, alive: int, remaining: int) -> bool:
         return (self.n - alive) * remaining >= alive
 
+    def compact(self, keep: torch.Tensor) -> None:
+        """Keep only rows ``keep`` (ascending), moved to the front; rows already in place are not
+        copied. What a row owns besides ``pos`` is moved by the cache's ``_move_rows``."""
+        keep_l = keep.tolist()
+        first = next((i for i, r in enumerate(keep_l) if r != i), len(keep_l))
+        m = len(keep_l)
+        if first < m:
+            tail = keep[first:]
+            self._move_rows(first, m, tail)
+            self.pos[first:m] = self.pos.index_select(0, tail)
+        self.n = m
+
+    def _move_rows(self, first: int, m: int, tail: torch.Tensor) -> None:
+        raise NotImplementedError
+
 
 class Int8State(_Bounded):
     """int8 K/V beyond the recent ``window`` tokens (module docstring)."""
@@ -154,20 +169,14 @@ class Int8State(_Bounded):
                        self.v[li][:n, :, s0:], self.v[li][:n, :, :s0]], 2)
         return self._attend_over(q, K, V, mask)
 
-    def compact(self, keep: torch.Tensor) -> None:
-        keep_l = keep.tolist()
-        first = next((i for i, r in enumerate(keep_l) if r != i), len(keep_l))
-        m, c = len(keep_l), self.col
-        if first < m:
-            tail = keep[first:]
-            old, ring = max(c - self.R, 0), min(c, self.R)
-            for buf in (*self.k, *self.v):
-                _take_rows(buf, first, m, tail, ring)
-            for buf in (*self.qk, *self.qv, *self.sk, *self.sv):
-                _take_rows(buf, first, m, tail, old)
-            _take_rows(self.valid, first, m, tail, c)
-            self.pos[first:m] = self.pos.index_select(0, tail)
-        self.n = m
+    def _move_rows(self, first: int, m: int, tail: torch.Tensor) -> None:
+        c = self.col
+        old, ring = max(c - self.R, 0), min(c, self.R)
+        for buf in (*self.k, *self.v):
+            _take_rows(buf, first, m, tail, ring)
+        for buf in (*self.qk, *self.qv, *self.sk, *self.sv):
+            _take_rows(buf, first, m, tail, old)
+        _take_rows(self.valid, first, m, tail, c)
 
 
 class SinkWindowState(_Bounded):
@@ -245,18 +254,10 @@ class SinkWindowState(_Bounded):
         keep = self.valid[:n, :S] & self._visible(self.colpos[:n, :S], self.pos[:n, None])
         return self._bias(keep)
 
-    def compact(self, keep: torch.Tensor) -> None:
-        keep_l = keep.tolist()
-        first = next((i for i, r in enumerate(keep_l) if r != i), len(keep_l))
-        m, c = len(keep_l), self.col
-        if first < m:
-            tail = keep[first:]
-            for buf in (*self.k, *self.v):
-                _take_rows(buf, first, m, tail, c)
-            _take_rows(self.valid, first, m, tail, c)
-            _take_rows(self.colpos, first, m, tail, c)
-            self.pos[first:m] = self.pos.index_select(0, tail)
-        self.n = m
+    def _move_rows(self, first: int, m: int, tail: torch.Tensor) -> None:
+        c = self.col
+        for buf in (*self.k, *self.v, self.valid, self.colpos):
+            _take_rows(buf, first, m, tail, c)
 
 
 def make_state(f: FastLlama, rows: int, max_len: int, cuda_graphs: bool, kv_cache: str = "full",
