@@ -4,7 +4,9 @@
 
 Every measurement runs in a fresh process (peak RSS = that process's ``ru_maxrss``; the Python +
 torch + model baseline, measured in the same process before the work, is subtracted), one at a
-time, on ``MODEL``: a random 2-layer Llama with a real 32k vocabulary (so the LM head's
+time, with ``MALLOC_MMAP_THRESHOLD_=65536``: glibc then maps every block of 64 KiB or more on its
+own and returns it when freed, so the peak is what was live at once (with the default, dynamic
+threshold, freed tensors stay in the heap and single cells moved by +-100 MB), on ``MODEL``: a random 2-layer Llama with a real 32k vocabulary (so the LM head's
 [tokens, vocabulary] logits matter, as they do for real models) and RoPE positions up to the
 longest length.
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -152,7 +155,8 @@ def generate_child(option: str, length: int) -> dict:
 
 def run_child(kind: str, option: str, length: int) -> dict:
     cmd = [sys.executable, __file__, "--child", kind, option, str(length)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # (module docstring)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         return {"part": kind, "option": option, "length": length, "error": proc.stderr.strip().splitlines()[-1:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -176,3 +176,58 @@ def test_rollout_config_validates_and_passes_the_kv_options():
     for kw in (dict(kv_cache="fp8"), dict(kv_window=0), dict(prefill_chunk=-1), dict(kv_sinks=-1)):
         with pytest.raises(ConfigError, match="rollout.(kv_cache|kv_window|prefill_chunk|kv_sinks)"):
             RolloutConfig(**kw)
+
+
+def test_sink_window_chunked_prefill_holds_only_what_can_be_seen(model, prompts, monkeypatch):
+    """A chunked prefill under sink_window keeps, between chunks, only the sinks and the last
+    ``kv_window`` columns: never more than sinks x prompts + window + chunk columns at once."""
+    held = []
+    end = kv_compress.SinkPrefill.end
+
+    def spy(self, e):
+        held.append(len(self.cols))
+        end(self, e)
+        assert all(k.shape[2] == len(self.cols) for k, _ in self.kv)
+
+    monkeypatch.setattr(kv_compress.SinkPrefill, "end", spy)
+    long = [p * 6 for p in prompts]  # up to 102 tokens
+    run(model, long, 2, T=5, kv_cache="sink_window", kv_window=5, kv_sinks=3, prefill_chunk=4)
+    assert len(held) == -(-102 // 4) and max(held) <= 3 * 4 + 5 + 4
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_int8_chunked_prefill_quantises_as_it_goes(model, prompts, n, monkeypatch):
+    """int8 with a chunked prefill: a covering window equals ``full``; a small one stays close,
+    the full-precision tail never exceeds window + chunk columns, and layer 0's int8 columns
+    (whose K/V depend on no attention) are exactly the quantised full-precision ones, in place
+    (n=1: one row per prompt) or copied to the rows (n=2)."""
+    long = [p * 4 for p in prompts]  # up to 68 tokens, + 20 new
+    base = run(model, long, n, prefill_chunk=8)
+    got = run(model, long, n, kv_cache="int8", kv_window=90, prefill_chunk=8)
+    assert [c.token_ids for c in got] == [c.token_ids for c in base]
+    assert max_diff(base, got) < 1e-5
+    tails = []
+    end = kv_compress.Int8Prefill.end
+
+    def spy(self, e):
+        tails.append(self.tail[0][0].shape[2])
+        end(self, e)
+
+    monkeypatch.setattr(kv_compress.Int8Prefill, "end", spy)
+    small = run(model, long, n, kv_cache="int8", kv_window=4, prefill_chunk=8)
+    assert 0 < max_diff(base, small) < 5e-3
+    assert max(tails) <= 4 + 8
+    with torch.inference_mode():
+        f = decoder.FastLlama(model)
+        W = max(map(len, long))
+        rows = torch.arange(len(long)).repeat_interleave(n)
+        full = f.start(len(rows), W + 2, share_prompts=False)  # every row's prompt K/V in its rows
+        full.prefill(long, rows, PAD)
+        st = f.start(len(rows), W + 2, kv_cache="int8", kv_window=4)
+        st.prefill(long, rows, PAD, chunk=8)
+        a = W - 4
+        for q8, sc, K in ((st.qk[0], st.sk[0], full.k[0]), (st.qv[0], st.sv[0], full.v[0])):
+            want_q, want_s = kv_compress.quantize(K[:, :, :a])
+            valid = full.valid[:, None, :a]
+            assert torch.equal(q8[:, :, :a][valid.expand_as(q8[:, :, :a, 0])], want_q[valid.expand_as(want_q[..., 0])])
+            torch.testing.assert_close(sc[:, :, :a][valid.expand_as(sc[:, :, :a])], want_s[valid.expand_as(want_s)])

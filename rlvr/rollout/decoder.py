@@ -214,13 +214,17 @@ class FastLlama:
     def rope_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sign-folded sin, [length, head_dim] in the model dtype, computed exactly as the
         model's rotary embedding does (so positions give bitwise the same values)."""
-        pos = torch.arange(length, device=self.device, dtype=torch.float32)
-        freqs = pos[:, None] * self.inv_freq.to(device=self.device, dtype=torch.float32)
+        return self.rope_at(torch.arange(length, device=self.device))
+
+    def rope_at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rope_tables`` at ``positions`` (any shape) -> [..., head_dim]: the same values as the
+        tables' rows (each entry is the same float product), without a table of every position."""
+        freqs = positions.to(torch.float32)[..., None] * self.inv_freq.to(device=self.device, dtype=torch.float32)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.rope_scale).to(self.dtype)
         sin = (emb.sin() * self.rope_scale).to(self.dtype)
         half = self.head_dim // 2
-        sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # rotate_half's sign folded in
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # rotate_half's sign folded in
         return cos, sin
 
     def rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

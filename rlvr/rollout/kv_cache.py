@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from rlvr.rollout.block_attention import block_attention
+from rlvr.rollout.block_attention import Loader, block_attention, dense
 from rlvr.rollout.cuda_graphs import StepGraphs, bucket
 from rlvr.rollout.gemm import lin, lin_res
 from rlvr.rollout.shared_prompts import SharedPrompts
@@ -76,12 +76,41 @@ class PrefillLayout:
     mask: torch.Tensor  # [U, W] bool: real tokens
     positions: torch.Tensor  # [U, W]
     attn_mask: torch.Tensor | None  # [U, 1, C, W] (None when chunked: built per chunk)
-    cos: torch.Tensor  # [U, C, hd]
-    sin: torch.Tensor
+    cos: torch.Tensor | None  # [U, C, hd] (None when chunked: per chunk)
+    sin: torch.Tensor | None
     expand: torch.Tensor  # prompt of each row
     direct: bool  # one row per prompt, in order: the rows' cache is written in place
     shared: SharedPrompts | None
     chunk: int = 0  # > 0: columns run this many at a time (``attn_mask`` is then None)
+
+
+class WidePrefill:
+    """A chunked prefill's K/V store for the plain cache: per layer a buffer of the whole width
+    ``[U, kv_heads, W, head_dim]`` (the rows' cache itself when one row per prompt), given to the
+    cache by ``finish``. The bounded caches have their own (``rollout/kv_compress.py``), holding
+    only what later chunks and decode steps can read. The protocol: ``write(li, s, e, k, v)`` a
+    chunk's K/V of layer ``li``; ``keys(li, e) -> (load, n_keys, key_cols)`` what a query before
+    column ``e`` may attend to (``block_attention``'s loader; ``key_cols`` None: key i is column
+    i); ``end(e)`` after all layers of the chunk ending at ``e``; ``finish()`` after the last."""
+
+    def __init__(self, state: DecodeState, p: PrefillLayout):
+        self.state, self.p = state, p
+        self.bufs = [state._prompt_buffers(p, li) for li in range(len(state.f.layers))]
+
+    def write(self, li: int, s: int, e: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        K, V = self.bufs[li]
+        K[:, :, s:e], V[:, :, s:e] = k, v
+
+    def keys(self, li: int, e: int) -> tuple[Loader, int, torch.Tensor | None]:
+        K, V = self.bufs[li]
+        return dense(K, V), e, None
+
+    def end(self, e: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        for li, (K, V) in enumerate(self.bufs):
+            self.state._store_prompt_kv(self.p, li, K, V)
 
 
 class DecodeState:
@@ -93,13 +122,14 @@ class DecodeState:
         self.f, self.rows, self.max_len = f, rows, max_len
         self._allocate(cuda_graphs)
         self.pos = torch.zeros(rows, dtype=torch.long, device=f.device)
-        self.cos, self.sin = f.rope_tables(max_len)
+        self.cos, self.sin = f.rope_tables(max_len) if self.rope_tables else (None, None)
         self.n = rows  # rows in use (a prefix of the buffers)
         self.col = 0  # cache column the next step writes
         self.share_prompts = share_prompts and not cuda_graphs and f.device.type == "cpu"
         self.shared: SharedPrompts | None = None  # set by prefill when prompts have several rows
         self.graphs = StepGraphs(self) if cuda_graphs else None
 
+    rope_tables = True  # cos/sin tables of every position up to max_len (False: ``_rope`` computes them)
     in_place = True  # prefill may write one-row-per-prompt K/V straight into ``self.k`` / ``self.v``
 
     def _allocate(self, cuda_graphs: bool) -> None:
@@ -152,41 +182,49 @@ class DecodeState:
 
     def _chunked(self, p: PrefillLayout) -> torch.Tensor:
         """Chunked prefill: the running columns ``p.chunk`` at a time through all layers, each
-        chunk's K/V written into whole-width buffers (the copied ``past`` columns first) and its
-        queries attending to the columns up to its end. Returns the last chunk's hidden states
-        (the last layer's: of its last position only)."""
+        chunk's K/V handed to the cache's prefill store (``_chunk_store``: whole-width buffers
+        here) and its queries attending to the keys the store holds up to its end. Returns the
+        last chunk's hidden states (the last layer's: of its last position only)."""
         f = self.f
         W, C = p.W, p.C
         nh, nkv, hd = f.num_heads, f.num_kv, f.head_dim
-        bufs = [self._prompt_buffers(p, li) for li in range(len(f.layers))]
+        store = self._chunk_store(p)
         last = len(f.layers) - 1
         x = None
         for s in range(W - C, W, p.chunk):
             e = min(s + p.chunk, W)
             final = e == W
-            cos, sin = p.cos[:, s - (W - C):e - (W - C)], p.sin[:, s - (W - C):e - (W - C)]
+            cos, sin = self._rope(p.positions[:, s:e])
             x = F.embedding(p.ids[:, s:e], f.embed)
             for li, L in enumerate(f.layers):
-                K, V = bufs[li]
                 qkv = lin(f.rms(x, L.ln1), L.wqkv, L.bqkv)  # [U, e - s, (nh + 2 nkv) hd]
                 qk = f.rope(f.qk_norm(qkv[..., : (nh + nkv) * hd].unflatten(-1, (nh + nkv, hd)), L), cos, sin).to(f.kv_dtype)
-                K[:, :, s:e] = qk[..., nh:, :].transpose(1, 2)
-                V[:, :, s:e] = qkv[..., (nh + nkv) * hd:].unflatten(-1, (nkv, hd)).transpose(1, 2)
+                store.write(li, s, e, qk[..., nh:, :].transpose(1, 2),
+                            qkv[..., (nh + nkv) * hd:].unflatten(-1, (nkv, hd)).transpose(1, 2).to(f.kv_dtype))
                 if li == last and not final:
                     break  # only this chunk's K/V matter here; its last layer's output is never read
                 q, q_start = qk[..., :nh, :].transpose(1, 2), s
                 if li == last:
                     q, x, q_start = q[:, :, -1:], x[:, -1:], e - 1
-                a = block_attention(q, K[:, :, :e], V[:, :, :e], q_start, p.mask[:, :e], p.chunk,
-                                    self._chunk_visible(p, q_start, e))
+                load, n_keys, cols = store.keys(li, e)
+                valid = p.mask[:, :e] if cols is None else p.mask.index_select(1, cols)
+                a = block_attention(q, load, n_keys, q_start, valid, p.chunk, self._chunk_visible(p, q_start, e), cols)
                 x = x + lin(a.transpose(1, 2).flatten(2), L.wo, L.bo, keep=True)
                 x = x + f.mlp(x, L)
-        for li, (K, V) in enumerate(bufs):
-            self._store_prompt_kv(p, li, K, V)
+            store.end(e)
+        store.finish()
         return x
 
+    def _chunk_store(self, p: PrefillLayout) -> WidePrefill:
+        """Where a chunked prefill keeps the prompts' K/V: whole-width buffers (``WidePrefill``)."""
+        return WidePrefill(self, p)
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin at ``positions`` (any shape) -> [..., head_dim], from the state's tables."""
+        return self.cos[positions], self.sin[positions]
+
     def _chunk_visible(self, p: PrefillLayout, s: int, e: int):
-        """A further restriction of query columns ``s .. e-1`` to keys, per key block, for
+        """A further restriction of query columns ``s .. e-1`` to the keys at given columns, for
         ``block_attention`` (None here: causal over real tokens only)."""
         return None
 
@@ -232,14 +270,14 @@ class DecodeState:
             mask[k, W - lengths[k]:] = True
         ids, mask = ids.to(dev), mask.to(dev)
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        cos, sin = self.cos[positions[:, W - C:]], self.sin[positions[:, W - C:]]  # [U, C, hd]
         direct = self.in_place and U == self.rows and bool((expand == torch.arange(U, device=dev)).all())
         shared = None
         if U < self.rows and self.share_prompts:
             shared = SharedPrompts(U, W, mask, self.f.num_kv, self.f.kv_dtype)
         chunk = chunk if 0 < chunk < C else 0
-        p = PrefillLayout(lengths, cached, past, W, C, ids, mask, positions, None, cos, sin, expand, direct, shared, chunk)
-        if not chunk:
+        p = PrefillLayout(lengths, cached, past, W, C, ids, mask, positions, None, None, None, expand, direct, shared, chunk)
+        if not chunk:  # (chunked: rotary tables and masks are made per chunk)
+            p.cos, p.sin = self._rope(positions[:, W - C:])  # [U, C, hd]
             p.attn_mask = self._prefill_mask(p, W - C, W)  # [U, 1, C, W]
         return p
 
@@ -314,7 +352,7 @@ class DecodeState:
         f, n = self.f, self.n
         mask = self._next_mask()
         pos = self.pos[:n]
-        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [n, hd]
+        cos, sin = self._rope(pos)  # [n, hd]
         x = F.embedding(tokens, f.embed)
         for li, L in enumerate(f.layers):
             x = self._step_layer(x, li, L, cos, sin, mask)

@@ -7,9 +7,11 @@
   decode step's attention; the recent ``kv_window`` tokens are kept in full precision in a ring
   buffer of ``kv_window`` columns (column c in slot ``c % kv_window``; a column leaving the window
   is quantised just before its slot is reused). Storage: ``hd`` int8 bytes plus one scale per
-  token and head instead of ``hd`` values of the cache dtype. The prompt's own prefill attends
-  to its exact K/V (quantisation applies from the first decode step on). With ``kv_window`` at
-  least the sequence length nothing is quantised and the results equal ``full`` bit for bit.
+  token and head instead of ``hd`` values of the cache dtype. A one-pass prefill attends to the
+  prompt's exact K/V (quantisation applies from the first decode step on); a chunked prefill
+  (``Int8Prefill``) quantises the columns leaving the window as it passes them, and later chunks
+  read them dequantised, as decode steps do. With ``kv_window`` at least the sequence length
+  nothing is quantised and the results equal ``full``.
 - ``SinkWindowState`` (``kv_cache="sink_window"``, StreamingLLM, Xiao et al. 2023): each query
   attends to the first ``kv_sinks`` tokens of its row plus the last ``kv_window`` tokens (itself
   included), in prefill and in decode steps. RoPE positions stay the original absolute positions
@@ -18,8 +20,12 @@
   the columns no query can attend to any more are evicted (each row's kept columns gathered to the
   front, right-aligned, so rows stay aligned at the newest column) — periodic compaction, one
   gather of ``sinks + window`` columns per ``slack`` steps. Each column's absolute position
-  (``colpos``) gives the mask. A prompt longer than the cache is compacted right after prefill
-  (during prefill its K/V are held at full width, once per distinct prompt).
+  (``colpos``) gives the mask. A prompt longer than the cache is compacted right after prefill;
+  a chunked prefill (``SinkPrefill``) evicts between chunks, holding only the sinks, the window
+  and the chunk (a one-pass prefill holds the prompt's K/V at full width until it ends).
+
+With ``prefill_chunk`` set, then, neither cache ever holds a long prompt's K/V at full precision
+and full width: peak memory at 32k tokens is within 1-15% of that at 4k (docs/benchmarks.md).
 
 Both keep every row's prompt in its own rows (no shared prompts), run without CUDA graphs and
 without prefix reuse (``past`` / ``keep_cache``: ``prefix`` refuses); the engine chooses them only
@@ -35,6 +41,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from rlvr.rollout.block_attention import Loader, dense
 from rlvr.rollout.kv_cache import DecodeState, KVPrefix, PrefillLayout
 
 if TYPE_CHECKING:
@@ -70,12 +77,16 @@ class _Bounded(DecodeState):
     per-row storage of the prompts' K/V after prefill."""
 
     in_place = False
+    rope_tables = False  # cos/sin at the positions in use (``FastLlama.rope_at``), no [max_len] tables
 
     def __init__(self, f: FastLlama, rows: int, max_len: int, window: int, sinks: int = 0):
         if window < 1:
             raise ValueError(f"kv_window must be >= 1, got {window}")
         self.window, self.sinks = window, sinks
         super().__init__(f, rows, max_len, cuda_graphs=False, share_prompts=False)
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.f.rope_at(positions)
 
     def _store_prompt_kv(self, p: PrefillLayout, li: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if li == 0:
@@ -129,18 +140,28 @@ class Int8State(_Bounded):
         bufs = [*self.k, *self.v, *self.qk, *self.qv, *self.sk, *self.sv]
         return sum(t.numel() * t.element_size() for t in bufs)
 
+    def _chunk_store(self, p: PrefillLayout) -> Int8Prefill:
+        return Int8Prefill(self, p)
+
     def _after_prefill(self, p: PrefillLayout) -> None:
         W, R, ex = p.W, self.R, p.expand
-        a = max(W - R, 0)  # prompt columns stored as int8 at once
-        for li, (k, v) in enumerate(self._prompt_kv):
+        a = max(W - R, 0)  # prompt columns stored as int8
+        slots = torch.arange(a, W, device=ex.device) % R
+        chunked = getattr(self, "_chunked_kv", None)
+        if chunked is not None:  # int8 columns already made by the chunks (``Int8Prefill``)
+            for li, (q8s, tails) in enumerate(chunked):
+                for q8, sc, ring, (pq, ps), tail in ((self.qk[li], self.sk[li], self.k[li], q8s[0], tails[0]),
+                                                     (self.qv[li], self.sv[li], self.v[li], q8s[1], tails[1])):
+                    if a and pq.data_ptr() != q8.data_ptr():  # (not written in place)
+                        q8[:, :, :a], sc[:, :, :a] = pq.index_select(0, ex), ps.index_select(0, ex)
+                    ring[:, :, slots] = tail.index_select(0, ex)
+            self._chunked_kv = None
+        for li, (k, v) in enumerate(getattr(self, "_prompt_kv", [])):
             for x, q8, sc, ring in ((k, self.qk[li], self.sk[li], self.k[li]), (v, self.qv[li], self.sv[li], self.v[li])):
                 x = x.index_select(0, ex)
                 if a:
                     q8[:, :, :a], sc[:, :, :a] = quantize(x[:, :, :a])
-                    slots = torch.arange(a, W, device=x.device) % R
-                    ring[:, :, slots] = x[:, :, a:]
-                else:
-                    ring[:, :, :W] = x
+                ring[:, :, slots] = x[:, :, a:]
         self._prompt_kv = []
         self.valid[:, :W] = p.mask.index_select(0, ex)
         self.pos.copy_(p.positions[:, -1].index_select(0, ex) + 1)
@@ -205,25 +226,33 @@ class SinkWindowState(_Bounded):
 
     def _chunk_visible(self, p: PrefillLayout, s: int, e: int):
         qpos = p.positions[:, s:e, None]
-        return lambda b0, b1: self._visible(p.positions[:, None, b0:b1], qpos)[:, None]
+        return lambda cols: self._visible(p.positions[:, None, cols], qpos)[:, None]
+
+    def _chunk_store(self, p: PrefillLayout) -> SinkPrefill:
+        return SinkPrefill(self, p)
 
     def _after_prefill(self, p: PrefillLayout) -> None:
-        W, ex = p.W, p.expand
-        keep = p.mask.clone()
-        if W > self.cap:  # keep what the first decode step (at position = length) can see
+        ex = p.expand
+        cols = getattr(self, "_prompt_cols", None)  # the columns a chunked prefill kept (None: all W)
+        self._prompt_cols = None
+        if cols is None:
+            cols = torch.arange(p.W, device=ex.device)
+        m = len(cols)
+        keep, kpos = p.mask[:, cols], p.positions[:, cols]
+        if m > self.cap:  # keep what the first decode step (at position = length) can see
             nxt = p.positions[:, -1:] + 1
-            keep &= self._visible(p.positions, nxt)
+            keep = keep & self._visible(kpos, nxt)
             width = int(keep.sum(1).max())
-            idx = torch.sort(keep.int(), dim=1, stable=True).indices[:, W - width:]  # kept ones last, in order
+            idx = torch.sort(keep.int(), dim=1, stable=True).indices[:, m - width:]  # kept ones last, in order
         else:
-            width, idx = W, torch.arange(W, device=keep.device).expand(len(p.lengths), W)
+            width, idx = m, torch.arange(m, device=ex.device).expand(len(p.lengths), m)
         gidx = idx[:, None, :, None].expand(-1, self.f.num_kv, -1, self.f.head_dim)
         for li, (k, v) in enumerate(self._prompt_kv):
             self.k[li][:, :, :width] = k.gather(2, gidx).index_select(0, ex)
             self.v[li][:, :, :width] = v.gather(2, gidx).index_select(0, ex)
         self._prompt_kv = []
         self.valid[:, :width] = keep.gather(1, idx).index_select(0, ex)
-        self.colpos[:, :width] = p.positions.gather(1, idx).index_select(0, ex)
+        self.colpos[:, :width] = kpos.gather(1, idx).index_select(0, ex)
         self.pos.copy_(p.positions[:, -1].index_select(0, ex) + 1)
         self.col = width
 
@@ -258,6 +287,114 @@ class SinkWindowState(_Bounded):
         c = self.col
         for buf in (*self.k, *self.v, self.valid, self.colpos):
             _take_rows(buf, first, m, tail, c)
+
+
+def _no_past(p: PrefillLayout, name: str) -> None:
+    if p.C != p.W:
+        raise ValueError(f"kv_cache={name!r} keeps no exact prefix: prefill(past=...) needs kv_cache='full'")
+
+
+class SinkPrefill:
+    """``kv_cache="sink_window"``'s chunked-prefill store (the protocol of ``kv_cache.WidePrefill``):
+    per layer only the columns a later query can still see, the sinks (a column that is one of
+    the first ``kv_sinks`` tokens of some prompt) and the last ``kv_window`` columns before the
+    next chunk, plus the chunk being run; ``cols`` holds their columns. What a chunk reads is
+    what the whole-width buffers would give it under the window (equal outputs, tested), and the
+    store never holds more than ``sinks x prompts + window + chunk`` columns."""
+
+    def __init__(self, state: SinkWindowState, p: PrefillLayout):
+        _no_past(p, state.name)
+        self.state, self.p = state, p
+        self.sink_col = (p.mask & (p.positions < state.sinks)).any(0)  # [W]
+        self.cols = torch.zeros(0, dtype=torch.long, device=p.mask.device)
+        self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(state.f.layers)
+
+    def write(self, li: int, s: int, e: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        if li == 0:
+            self.cols = torch.cat([self.cols, torch.arange(s, e, device=self.cols.device)])
+        old = self.kv[li]
+        self.kv[li] = (k, v) if old is None else (torch.cat([old[0], k], 2), torch.cat([old[1], v], 2))
+
+    def keys(self, li: int, e: int) -> tuple[Loader, int, torch.Tensor]:
+        k, v = self.kv[li]
+        return dense(k, v), k.shape[2], self.cols
+
+    def end(self, e: int) -> None:
+        """Evict the columns no query at column >= e can see."""
+        keep = self.sink_col[self.cols] | (self.cols > e - self.state.window)
+        if bool(keep.all()):
+            return
+        idx = keep.nonzero().squeeze(1)
+        self.cols = self.cols[idx]
+        self.kv = [(k.index_select(2, idx), v.index_select(2, idx)) for k, v in self.kv]
+
+    def finish(self) -> None:
+        self.state._prompt_kv = [kv for kv in self.kv if kv is not None]
+        self.state._prompt_cols = self.cols
+
+
+class Int8Prefill:
+    """``kv_cache="int8"``'s chunked-prefill store (the protocol of ``kv_cache.WidePrefill``): the
+    columns older than the last ``kv_window`` before the next chunk are quantised as the prefill
+    passes them (into the rows' int8 cache itself when one row per prompt), the rest kept in full
+    precision (``tail``, columns ``t0 .. e-1``); a chunk reads the int8 columns dequantised block
+    by block, as a decode step reads them, so the prompt is never held at full precision and
+    whole width at once."""
+
+    def __init__(self, state: Int8State, p: PrefillLayout):
+        _no_past(p, state.name)
+        self.state, self.p = state, p
+        U, f = len(p.lengths), state.f
+        self.a = max(p.W - state.R, 0)  # columns int8 at the end
+        self.t0 = 0
+        rows_in_order = U == state.rows and bool((p.expand == torch.arange(U, device=p.expand.device)).all())
+        self.q8: list[tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]] = []
+        for li in range(len(f.layers)):
+            pair = []
+            for q8, sc in ((state.qk[li], state.sk[li]), (state.qv[li], state.sv[li])):
+                if rows_in_order:
+                    pair.append((q8[:U, :, :self.a], sc[:U, :, :self.a]))
+                else:
+                    pair.append((torch.empty((U, f.num_kv, self.a, f.head_dim), dtype=torch.int8, device=f.device),
+                                 torch.empty((U, f.num_kv, self.a), dtype=f.kv_dtype, device=f.device)))
+            self.q8.append((pair[0], pair[1]))
+        self.tail: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(f.layers)
+
+    def write(self, li: int, s: int, e: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        old = self.tail[li]
+        self.tail[li] = (k, v) if old is None else (torch.cat([old[0], k], 2), torch.cat([old[1], v], 2))
+
+    def keys(self, li: int, e: int) -> tuple[Loader, int, None]:
+        (qk, sk), (qv, sv) = self.q8[li]
+        tk, tv = self.tail[li]
+        t0, dt = self.t0, self.state.f.kv_dtype
+
+        def load(i0: int, i1: int) -> tuple[torch.Tensor, torch.Tensor]:
+            if i0 >= t0:
+                return tk[:, :, i0 - t0:i1 - t0], tv[:, :, i0 - t0:i1 - t0]
+            j = min(i1, t0)
+            k, v = dequantize(qk[:, :, i0:j], sk[:, :, i0:j], dt), dequantize(qv[:, :, i0:j], sv[:, :, i0:j], dt)
+            if i1 > t0:
+                k, v = torch.cat([k, tk[:, :, :i1 - t0]], 2), torch.cat([v, tv[:, :, :i1 - t0]], 2)
+            return k, v
+
+        return load, e, None
+
+    def end(self, e: int) -> None:
+        """Quantise the columns that leave the full-precision window before the next chunk."""
+        t1 = min(max(e - self.state.R, 0), self.a)
+        if t1 <= self.t0:
+            return
+        n = t1 - self.t0
+        for li, (kv, ((qk, sk), (qv, sv))) in enumerate(zip(self.tail, self.q8)):
+            (tk, tv) = kv
+            qk[:, :, self.t0:t1], sk[:, :, self.t0:t1] = quantize(tk[:, :, :n])
+            qv[:, :, self.t0:t1], sv[:, :, self.t0:t1] = quantize(tv[:, :, :n])
+            self.tail[li] = (tk[:, :, n:].clone(), tv[:, :, n:].clone())
+        self.t0 = t1
+
+    def finish(self) -> None:
+        self.state._chunked_kv = [(((qk, sk), (qv, sv)), tail) for ((qk, sk), (qv, sv)), tail in zip(self.q8, self.tail)]
 
 
 def make_state(f: FastLlama, rows: int, max_len: int, cuda_graphs: bool, kv_cache: str = "full",
