@@ -17,6 +17,7 @@ from rlvr.envs.base import EnvConfig
 from rlvr.model.load import ModelLoadConfig
 from rlvr.rollout.engine import PRECISIONS, SamplingParams
 from rlvr.rollout.episodes import EnvPool, run_tasks
+from rlvr.rollout.kv_compress import KV_CACHES
 from rlvr.tasks.rows import TaskFileConfig, as_file_config
 from rlvr.types import Task
 from rlvr.verifiers.judge import judge
@@ -51,6 +52,16 @@ class EvalConfig:
     precision: str = "model"
     """model | bf16: the engine's GEMMs in the model's dtype or in bfloat16 (``SamplingParams.precision``;
     faster on a CPU with bf16 GEMMs, at bf16 rounding of the logits, so a greedy answer can differ)."""
+    prefill_chunk: int = 0
+    """rlvr's engine's chunked prefill (``SamplingParams.prefill_chunk``; 0 = whole prompt at once),
+    as ``rollout.prefill_chunk`` in training."""
+    kv_cache: str = "full"
+    """full | int8 | sink_window: the KV cache to evaluate under (``SamplingParams.kv_cache``), so
+    accuracy can be read per option (docs/long_context.md)."""
+    kv_window: int = 256
+    """With kv_cache int8: recent tokens kept in full precision; sink_window: recent tokens kept."""
+    kv_sinks: int = 4
+    """With kv_cache sink_window: first tokens of each sequence always kept (attention sinks)."""
     env: EnvConfig = field(default_factory=EnvConfig)
     """Budgets of multi-turn episodes (the same as in training, for a fair comparison)."""
     model_load: ModelLoadConfig = field(default_factory=ModelLoadConfig)
@@ -62,6 +73,10 @@ class EvalConfig:
         check_range("eval.samples", self.samples, 1)
         check_choice("eval.precision", self.precision, list(PRECISIONS))
         check_device("eval.device", self.device)
+        check_range("eval.prefill_chunk", self.prefill_chunk, 0)
+        check_choice("eval.kv_cache", self.kv_cache, list(KV_CACHES))
+        check_range("eval.kv_window", self.kv_window, 1)
+        check_range("eval.kv_sinks", self.kv_sinks, 0)
         for k in self.k:
             check_range("eval.k", k, 1, self.samples)
 
@@ -75,7 +90,8 @@ def evaluate(model, tokenizer, tasks: list[Task], cfg: EvalConfig, *, seed: int 
     (default: the process-wide shared sandbox)."""
     params = SamplingParams(
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0, n=cfg.samples,
-        stop_token_ids=[tokenizer.eos_token_id], precision=cfg.precision,
+        stop_token_ids=[tokenizer.eos_token_id], precision=cfg.precision, prefill_chunk=cfg.prefill_chunk,
+        kv_cache=cfg.kv_cache, kv_window=cfg.kv_window, kv_sinks=cfg.kv_sinks,
     )
     gen = torch.Generator().manual_seed(seed)
     pool = None
