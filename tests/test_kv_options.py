@@ -231,3 +231,29 @@ def test_int8_chunked_prefill_quantises_as_it_goes(model, prompts, n, monkeypatc
             valid = full.valid[:, None, :a]
             assert torch.equal(q8[:, :, :a][valid.expand_as(q8[:, :, :a, 0])], want_q[valid.expand_as(want_q[..., 0])])
             torch.testing.assert_close(sc[:, :, :a][valid.expand_as(sc[:, :, :a])], want_s[valid.expand_as(want_s)])
+
+
+def test_int8_decode_attention_equals_the_dequantised_cache_in_column_order(model, prompts):
+    """The decode step's attention (scales folded into scores and probabilities, the ring read in
+    slot order) against the plain reference: the int8 columns dequantised, the ring rotated into
+    column order, one softmax over all of it."""
+    with torch.inference_mode():
+        f = decoder.FastLlama(model)
+        st = f.start(4, 17 + 30, kv_cache="int8", kv_window=12)
+        logits = st.prefill(prompts, torch.arange(4), PAD)
+        for _ in range(9):  # the ring wraps, and holds a padding column of the 1-token prompt
+            logits = st.step(logits.argmax(-1))
+        st.valid[:st.n, st.col] = True
+        mask = st._bias(st.valid[:st.n, :st.col + 1])
+        q = torch.randn(st.n, f.num_heads, f.head_dim, generator=torch.Generator().manual_seed(0))
+        S, R = st.col + 1, st.R
+        a = S - R
+        for li in range(len(f.layers)):
+            got = st._attend(li, q, mask)
+            cols = [(c % R) for c in range(a, S)]
+            K = torch.cat([kv_compress.dequantize(st.qk[li][:, :, :a], st.sk[li][:, :, :a], f.kv_dtype),
+                           st.k[li][:, :, cols]], 2)
+            V = torch.cat([kv_compress.dequantize(st.qv[li][:, :, :a], st.sv[li][:, :, :a], f.kv_dtype),
+                           st.v[li][:, :, cols]], 2)
+            want = kv_compress.DecodeState._attend_over(st, q, K, V, mask)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

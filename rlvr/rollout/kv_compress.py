@@ -3,8 +3,8 @@
 
 - ``Int8State`` (``kv_cache="int8"``): the K and V of every token older than the most recent
   ``kv_window`` are stored as int8 with one scale per (row, KV head, token) (symmetric:
-  ``scale = absmax / 127``, ``q = round(x / scale)``), dequantised to the cache dtype for each
-  decode step's attention; the recent ``kv_window`` tokens are kept in full precision in a ring
+  ``scale = absmax / 127``, ``q = round(x / scale)``), read by each decode step's attention as
+  the int8 values in the cache dtype with the scales applied to scores and probabilities; the recent ``kv_window`` tokens are kept in full precision in a ring
   buffer of ``kv_window`` columns (column c in slot ``c % kv_window``; a column leaving the window
   is quantised just before its slot is reused). Storage: ``hd`` int8 bytes plus one scale per
   token and head instead of ``hd`` values of the cache dtype. A one-pass prefill attends to the
@@ -177,18 +177,34 @@ class Int8State(_Bounded):
         self.v[li][:n, :, slot] = v
 
     def _attend(self, li: int, q: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """Keys in column order: the dequantised int8 columns, then the ring's (rotated)."""
+        """Scores over the int8 columns and over the ring (in slot order, the mask permuted to
+        match), one softmax over both. The scales are folded into the small tensors, scores and
+        probabilities (``q . (s k) = s (q . k)``), so the int8 K/V are only converted, never
+        rescaled or concatenated at full size: one pass over the cache a step."""
         n, S, R = self.n, self.col + 1, self.R
         a = S - R  # int8 columns
         if a <= 0:
             return self._attend_over(q, self.k[li][:n, :, :S], self.v[li][:n, :, :S], mask)
-        s0 = a % R
-        dt = self.f.kv_dtype
-        K = torch.cat([dequantize(self.qk[li][:n, :, :a], self.sk[li][:n, :, :a], dt),
-                       self.k[li][:n, :, s0:], self.k[li][:n, :, :s0]], 2)
-        V = torch.cat([dequantize(self.qv[li][:n, :, :a], self.sv[li][:n, :, :a], dt),
-                       self.v[li][:n, :, s0:], self.v[li][:n, :, :s0]], 2)
-        return self._attend_over(q, K, V, mask)
+        f = self.f
+        nkv, hd, dt = f.num_kv, f.head_dim, f.kv_dtype
+        slot_cols = a + (torch.arange(R, device=q.device) - a % R) % R  # the column in each ring slot
+        Kq = self.qk[li][:n, :, :a].to(dt).view(n * nkv, a, hd)
+        Vq = self.qv[li][:n, :, :a].to(dt).view(n * nkv, a, hd)
+        sk = self.sk[li][:n, :, :a].reshape(n * nkv, 1, a)
+        sv = self.sv[li][:n, :, :a].reshape(n * nkv, 1, a)
+        Kr = self.k[li][:n].reshape(n * nkv, R, hd)
+        Vr = self.v[li][:n].reshape(n * nkv, R, hd)
+        if f.device.type == "cpu":  # additive [n * kv, rep, S]
+            bias = torch.cat([mask[..., :a], mask.index_select(-1, slot_cols)], -1)
+        else:  # bool [n, 1, 1, S]
+            keep = torch.cat([mask[..., :a], mask.index_select(-1, slot_cols)], -1)
+            bias = torch.zeros(keep.shape, dtype=dt, device=q.device).masked_fill_(~keep, float("-inf"))
+            bias = bias.expand(n, nkv, f.rep, S).reshape(n * nkv, f.rep, S)
+        qh = q.reshape(n * nkv, f.rep, hd) * hd ** -0.5
+        scores = torch.cat([torch.bmm(qh, Kq.transpose(1, 2)) * sk, torch.bmm(qh, Kr.transpose(1, 2))], -1) + bias
+        p = scores.softmax(-1)
+        out = torch.bmm(p[..., :a] * sv, Vq) + torch.bmm(p[..., a:], Vr)
+        return out.view(n, f.num_heads * hd)
 
     def _move_rows(self, first: int, m: int, tail: torch.Tensor) -> None:
         c = self.col
