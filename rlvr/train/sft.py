@@ -113,8 +113,11 @@ class SFTConfig:
     """Where the tools of multi-turn demonstrations run (opened only if there are any)."""
     shard: bool = False
     """Under torchrun: shard the weights, gradients and optimizer state over the ranks (FSDP2,
-    ``rlvr.train.sharded``); checkpoints are DCP and resume at any world size. Not with LoRA or
-    ``optim.master_weights``; refused without torchrun."""
+    ``rlvr.train.sharded``); checkpoints are DCP and resume at any world size. With LoRA the
+    frozen base and the adapters are sharded together (only the adapters train; ``final/`` as
+    ``lora.save`` says); with ``optim.master_weights`` on a bf16/fp16 model the sharded parameters
+    are float32 masters and the forward computes in bf16 (FSDP2's mixed precision). Refused
+    without torchrun."""
     sequence_parallel: bool = False
     """Under torchrun: split each example's tokens across all ranks (Ulysses,
     ``rlvr.train.sequence_parallel``; every rank takes every row of the batch, one at a time).
@@ -129,12 +132,7 @@ class SFTConfig:
         check_range("sft.steps", self.steps, 1)
         check_range("sft.batch_size", self.batch_size, 1)
         check_range("sft.checkpoint_every", self.checkpoint_every, 1)
-        if self.shard and self.lora.enabled:
-            raise ConfigError("sft.shard is not supported with LoRA (lora.enabled): use data parallel "
-                              "(torchrun without sft.shard) for LoRA")
-        if self.shard and self.optim.master_weights:
-            raise ConfigError("sft.shard is not supported with optim.master_weights (FSDP2 keeps the sharded "
-                              "float32 parameters itself)")
+
 
 
 def build_examples(tokenizer, tasks: list[Task], *, env_cfg: EnvConfig | None = None, sandbox=None,
@@ -200,12 +198,12 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False, progress: bool = True) -> d
     sharded_ckpt = ckpt is not None and par.is_sharded_checkpoint(ckpt)
     if cfg.shard and ckpt is not None and not sharded_ckpt:
         raise ConfigError(f"sft.shard: {ckpt} is not a sharded checkpoint; resume it without sft.shard")
-    if sharded_ckpt and cfg.lora.enabled:
-        raise ConfigError(f"{ckpt} is a sharded (full-weights) checkpoint; resume it without lora.enabled")
+    if sharded_ckpt:
+        par.check_sharded_resume(ckpt, cfg)
     policy = Policy.load(cfg.model, cfg.lora, None if sharded_ckpt else ckpt, device=device, options=cfg.model_load)
     model, tokenizer = policy.model, policy.tokenizer  # LoRA: only the adapters require grad
     model.train()
-    par.prepare(model, layout)  # sharded: before the optimizer
+    par.prepare(model, layout, master_weights=cfg.optim.master_weights)  # sharded: before the optimizer
     examples = sft_examples(cfg, run_dir, tokenizer, getattr(model.config, "max_position_embeddings", None))
     opt, sched = build_optimizer(model, cfg.optim, cfg.steps)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -237,6 +235,7 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False, progress: bool = True) -> d
                 path = None
                 if layout.shard:  # every rank writes its shards; the optimizer is in them
                     del state["optimizer"]
+                    state["lora"], state["mixed_precision"] = cfg.lora.enabled, layout.mixed_precision
                     path = par.save_sharded_checkpoint(run_dir, step, model, opt, state, layout)
                 elif group.is_main:  # the ranks' weights are the same: rank 0 writes them
                     path = save_checkpoint(run_dir, step, policy.checkpoint_module(), tokenizer, state)

@@ -21,10 +21,16 @@ every rank loads the same model and demonstrations, and draws the same batch ord
   tokens labelled ``IGNORE``), weighted by its response tokens over the batch's, and the ranks'
   gradients are summed (``reduce_gradients``; FSDP2's average, scaled, when sharded too).
 
+Sharding composes with LoRA (the frozen base and the adapters shard together, FSDP2 accepts the
+mix; only the adapters get gradients and optimizer state; ``final/`` is written as ``lora.save``
+says, from the gathered weights) and with ``optim.master_weights`` on a bf16/fp16 model (the model
+is upcast before sharding: the float32 shards are the masters, FSDP2's mixed-precision policy
+computes the forward in bf16 and reduces gradients in float32).
+
 Refused (``check_parallel``, ``ConfigError``): ``shard`` or ``sequence_parallel`` without torchrun;
-``shard`` with LoRA or ``optim.master_weights``; a batch smaller than the world in data parallel;
-a sharded run resuming a checkpoint that is not sharded; sequence parallelism on a model whose
-head counts do not divide by the world size.
+a batch smaller than the world in data parallel; a sharded run resuming a checkpoint that is not
+sharded, or a sharded checkpoint of a LoRA run without LoRA (and the reverse); sequence
+parallelism on a model whose head counts do not divide by the world size.
 """
 
 from __future__ import annotations
@@ -79,6 +85,8 @@ class Layout:
     sequence_parallel: bool = False
     opened: bool = False
     """This run opened the process group (and closes it at the end)."""
+    mixed_precision: bool = False
+    """Sharded with FSDP2's bf16 policy over float32 masters (``prepare`` with master weights)."""
 
     @property
     def world(self) -> int:
@@ -102,8 +110,10 @@ def close(layout: Layout) -> None:
         dist.destroy_process_group()
 
 
-def prepare(model: torch.nn.Module, layout: Layout) -> torch.nn.Module:
-    """Check the heads for sequence parallelism and shard ``model`` (before its optimizer)."""
+def prepare(model: torch.nn.Module, layout: Layout, master_weights: bool = False) -> torch.nn.Module:
+    """Check the heads for sequence parallelism and shard ``model`` (before its optimizer); with
+    ``master_weights`` and a trainable parameter not in float32, upcast first and shard with bf16
+    mixed precision (the float32 shards are the masters)."""
     if layout.sequence_parallel:
         from rlvr.train.sequence_parallel import check_heads
 
@@ -114,8 +124,26 @@ def prepare(model: torch.nn.Module, layout: Layout) -> torch.nn.Module:
     if layout.shard:
         from rlvr.train.sharded import shard_model
 
-        shard_model(model)
+        layout.mixed_precision = master_weights and any(p.dtype != torch.float32 for p in model.parameters()
+                                                        if p.requires_grad)
+        if layout.mixed_precision:
+            model.float()
+        shard_model(model, mixed_precision=layout.mixed_precision)
     return model
+
+
+def check_sharded_resume(ckpt: Path, cfg) -> None:
+    """A sharded checkpoint resumes only into the same kind of policy (LoRA or full weights), and
+    one with float32 masters under FSDP2's bf16 policy only sharded (its optimizer state is plain
+    AdamW's over float32 weights, not ``MasterWeightAdamW``'s)."""
+    state = load_trainer_state(ckpt)
+    if state.get("mixed_precision", False) and not cfg.shard:
+        raise ConfigError(f"{ckpt} is a sharded checkpoint with float32 masters (optim.master_weights): resume it "
+                          "with sft.shard=true under torchrun")
+    saved = bool(state.get("lora", False))
+    if saved != cfg.lora.enabled:
+        kind = "a LoRA run's (adapters on a frozen base)" if saved else "a full-weights run's"
+        raise ConfigError(f"{ckpt} is {kind} sharded checkpoint: resume it with lora.enabled={str(saved).lower()}")
 
 
 def response_tokens(row: tuple[list[int], list[int]]) -> int:
@@ -225,15 +253,15 @@ def restore_sharded(ckpt: Path, model, opt, sched, generator: torch.Generator) -
 
 
 def save_final_sharded(directory: Path, model, tokenizer, cfg, layout: Layout) -> None:
-    """``final/`` as a Hugging Face directory: the whole weights gathered on every rank (a
-    collective), loaded by rank 0 into a plain copy of the starting model and saved."""
-    from rlvr.model.checkpoint import save_model_dir
-    from rlvr.model.load import load_model_and_tokenizer
+    """``final/``: the whole weights gathered on every rank (a collective), loaded by rank 0 into a
+    plain copy of the starting policy (LoRA: the base with fresh adapters) and written as one
+    process writes it (``Policy.save_final``: a Hugging Face directory; LoRA as ``lora.save``)."""
+    from rlvr.train.policy import Policy
     from rlvr.train.sharded import full_state_dict
 
     weights = full_state_dict(model)
     if layout.group.is_main:
-        plain, _ = load_model_and_tokenizer(cfg.model, device="cpu", options=cfg.model_load)
-        plain.load_state_dict(weights)
-        save_model_dir(directory, plain, tokenizer)
+        plain = Policy.load(cfg.model, cfg.lora, device="cpu", options=cfg.model_load)
+        plain.model.load_state_dict(weights)
+        plain.save_final(directory)
     barrier()
