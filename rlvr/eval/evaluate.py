@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlvr.algos.passk import pass_at_k, wilson_interval, confidence_interval
+from rlvr.algos.passk import confidence_interval, pass_at_k, wilson_interval
 from rlvr.config import check_choice, check_device, check_range
 from rlvr.envs.base import EnvConfig
 from rlvr.model.load import ModelLoadConfig

@@ -25,8 +25,8 @@ from rlvr.monitor.trackers import TrackerConfig
 from rlvr.rewards import RewardConfig
 from rlvr.rollout.async_rollout import AsyncConfig
 from rlvr.rollout.engine import PRECISIONS
-from rlvr.rollout.kv_compress import KV_CACHES
 from rlvr.rollout.engine_registry import ROLLOUT_ENGINES
+from rlvr.rollout.kv_compress import KV_CACHES
 from rlvr.rollout.remote_engine import RemoteConfig
 from rlvr.rollout.vllm_engine import VLLMConfig, require_vllm
 from rlvr.sandbox.config import SandboxConfig

@@ -30,20 +30,24 @@ from rich.progress import Progress
 
 from rlvr.algos.losses import sft_loss
 from rlvr.config import check_device, check_range, resolve_device, to_dict
+from rlvr.envs.base import EnvConfig, play
+from rlvr.envs.tokens import conversation_ids
+from rlvr.errors import ConfigError, UserError
+from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint
+from rlvr.model.inputs import pad_right
 from rlvr.model.load import ModelLoadConfig
 from rlvr.model.lora import LoraConfig
 from rlvr.model.tokenizer import encode_chat_prompt, encode_completion
 from rlvr.monitor.metrics import MetricsLogger
 from rlvr.monitor.trackers import TrackerConfig, open_trackers
-from rlvr.errors import ConfigError, UserError
+from rlvr.sandbox.config import SandboxConfig
+from rlvr.store import StoreConfig, mirror_checkpoint, mirror_final, pull_if_missing
 from rlvr.tasks.conversations import load_conversations
 from rlvr.tasks.rows import TaskFileConfig, as_file_config
 from rlvr.tasks.sets import build_task_set, file_tasks
 from rlvr.tasks.validate import refuse_eval_tasks
+from rlvr.train import sft_parallel as par
 from rlvr.train.allocator import keep_freed_memory
-from rlvr.model.inputs import pad_right
-from rlvr.model.checkpoint import latest_checkpoint, prune_checkpoints, save_checkpoint
-from rlvr.store import StoreConfig, mirror_checkpoint, mirror_final, pull_if_missing
 from rlvr.train.common import (
     OptimConfig,
     build_optimizer,
@@ -55,10 +59,6 @@ from rlvr.train.common import (
 )
 from rlvr.train.distributed import barrier, launched, rank_device
 from rlvr.train.policy import Policy
-from rlvr.train import sft_parallel as par
-from rlvr.envs.base import EnvConfig, play
-from rlvr.envs.tokens import conversation_ids
-from rlvr.sandbox.config import SandboxConfig
 from rlvr.types import Task
 
 
