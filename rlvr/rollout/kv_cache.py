@@ -12,7 +12,8 @@
   columns (``C`` = the longest uncached suffix), attending to the copied columns before them.
 - Chunked prefill (``prefill(..., chunk=N)``, ``SamplingParams.prefill_chunk``): the running
   columns go through the layers N at a time; each chunk writes its K/V into a per-prompt buffer of
-  the whole width (the rows' cache itself when one row per prompt) and attends to the columns
+  the whole width (``WidePrefill``: the rows' cache itself when one row per prompt; the bounded
+  caches' stores keep only what later chunks can read) and attends to the columns
   before it plus itself (causal) N key columns at a time (``rollout/block_attention.py``: the
   softmax merged across key blocks), so the activations (``[U, N, hidden]``) and attention scores
   (``[U, heads, N, N]``) are bounded by the chunk, not by the prompt. Greedy tokens and log-probs

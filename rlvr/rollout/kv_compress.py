@@ -4,8 +4,8 @@
 - ``Int8State`` (``kv_cache="int8"``): the K and V of every token older than the most recent
   ``kv_window`` are stored as int8 with one scale per (row, KV head, token) (symmetric:
   ``scale = absmax / 127``, ``q = round(x / scale)``), read by each decode step's attention as
-  the int8 values in the cache dtype with the scales applied to scores and probabilities; the recent ``kv_window`` tokens are kept in full precision in a ring
-  buffer of ``kv_window`` columns (column c in slot ``c % kv_window``; a column leaving the window
+  the int8 values in the cache dtype with the scales applied to scores and probabilities; the
+  recent ``kv_window`` tokens are kept in full precision in a ring buffer of ``kv_window`` columns (column c in slot ``c % kv_window``; a column leaving the window
   is quantised just before its slot is reused). Storage: ``hd`` int8 bytes plus one scale per
   token and head instead of ``hd`` values of the cache dtype. A one-pass prefill attends to the
   prompt's exact K/V (quantisation applies from the first decode step on); a chunked prefill
