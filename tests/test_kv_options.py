@@ -136,7 +136,9 @@ def test_sink_window_eviction_equals_masking_alone(model, prompts, monkeypatch):
         assert max_diff(masked, got) < 1e-5
 
 
-@pytest.mark.parametrize("kw", [dict(kv_cache="int8", kv_window=3), dict(kv_cache="sink_window", kv_window=4, kv_sinks=1)])
+@pytest.mark.parametrize("kw", [dict(kv_cache="int8", kv_window=3), dict(kv_cache="sink_window", kv_window=4, kv_sinks=1),
+                                dict(kv_cache="int8", kv_window=3, prefill_chunk=4),
+                                dict(kv_cache="sink_window", kv_window=4, kv_sinks=1, prefill_chunk=4)])
 def test_bounded_caches_with_stop_tokens_and_rows_finishing(model, prompts, kw):
     """n > 1 and rows finishing at different steps (compaction): every row equals the same
     option's run without the stop token, cut at its first stop."""
