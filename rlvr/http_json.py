@@ -4,11 +4,13 @@
 ``Client.call`` GETs or POSTs one route with a bearer token, waits out 429s (a full queue) with
 backoff until its timeout, and turns any failure into a ``RemoteError`` of one line that starts
 with the caller's ``label`` and names the URL: unreachable, an HTTP error with the server's
-message, or an answer that is not JSON.
+message, an answer cut off (the server died mid-reply: ``http.client.IncompleteRead`` and the
+like), or an answer that is not JSON.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -52,6 +54,8 @@ class Client:
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise RemoteError(f"{self.label}: cannot reach {self.root} ({url}): {reason}") from None
+        except http.client.HTTPException as e:  # the connection broke during the answer
+            raise RemoteError(f"{self.label}: {url} broke off its answer: {type(e).__name__}: {e}") from None
         try:
             return json.loads(text)
         except ValueError:
