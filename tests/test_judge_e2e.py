@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +42,23 @@ def steps_logged(out: Path) -> list[dict]:
     return [json.loads(line) for line in open(path)] if path.exists() else []
 
 
+def hold_dead_port(port: int) -> None:
+    """Keep the killed judge's port: accept and close at once (the judge is gone), so that no other
+    test's server, started beside this one by pytest-xdist, is handed the freed port and answers the
+    run's judge requests in its place (CI saw judge scores after the kill)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(16)
+
+    def refuse():
+        while True:
+            conn, _ = sock.accept()
+            conn.close()
+
+    threading.Thread(target=refuse, daemon=True).start()
+
+
 def run_and_kill(tiny_model_dir: str, tmp_path: Path, on_failure: str, steps: int = 6):
     """Start the judge, start the run, SIGKILL the judge once step 2 is logged; (run's exit code,
     its output, its metrics rows, seconds from the kill to the run's end)."""
@@ -56,6 +75,7 @@ def run_and_kill(tiny_model_dir: str, tmp_path: Path, on_failure: str, steps: in
         assert run.poll() is None and len(steps_logged(out)) >= 2, run.stdout.read() if run.poll() is not None else ""
         server.send_signal(signal.SIGKILL)
         server.wait(timeout=30)
+        hold_dead_port(port)
         killed = time.monotonic()
         text, _ = run.communicate(timeout=240)  # never waits forever: a hang fails the test here
         return run.returncode, text, steps_logged(out), time.monotonic() - killed, out
