@@ -467,3 +467,24 @@ def test_models_outside_the_plain_attention_families_keep_the_row_layout():
     model.config.sliding_window = None
     model.config.model_type = "gemma2"  # soft-capped attention logits
     assert not sa.supported(model, 40)
+
+
+def test_sequence_indices_build_no_query_by_key_tensor_without_shared_prompts():
+    """Without shared prompts or a window the causal flag is the mask: nothing of [rows, Q, T] is
+    made (it was, and discarded: 2 GB of transient bools for one 32k-token sequence)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from rlvr.train import sequence_attention as sa
+    from rlvr.train.packing import flat
+
+    T = 1024
+    ids = torch.randint(3, 61, (1, T), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    slot = flat(ids, mask).slot
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        ix = sa.indices(slot, mask.bool())
+    assert "rlvr_mask" not in ix and "rlvr_window_mask" not in ix
+    largest = max(e.cpu_memory_usage for e in prof.events())
+    assert 0 < largest < T * T  # (an index of T longs is 8 KB; a [1, T, T] bool mask would be 1 MB)
+    windowed = sa.indices(slot, mask.bool(), window=16)  # a window still gets its mask
+    assert windowed["rlvr_window_mask"].shape == (1, 1, T, T)

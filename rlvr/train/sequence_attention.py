@@ -180,6 +180,8 @@ def indices(slot: torch.Tensor, real: torch.Tensor, window: int | None = None) -
     first, more, shared = _readers(keys.reshape(-1), (j < key_len[:, None]).reshape(-1), n)
     out = {"rlvr_queries": queries, "rlvr_owner": owner, "rlvr_keys": keys, "rlvr_key_first": first,
            "rlvr_key_more": more, "rlvr_key_shared": shared}
+    if not len(leaders) and window is None:  # the causal flag is the mask: no [rows, Q, T] tensor at all
+        return out
     position = (start[:, None] + i)[:, :, None]  # [rows, Q, 1]: each query's position in its sequence
     plain = (j <= position) & (j < key_len[:, None, None])
     if len(leaders):
