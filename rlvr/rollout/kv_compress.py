@@ -83,6 +83,11 @@ class _Bounded(DecodeState):
         if window < 1:
             raise ValueError(f"kv_window must be >= 1, got {window}")
         self.window, self.sinks = window, sinks
+        # What a prefill hands ``_after_prefill``: the prompts' K/V per layer (a one-pass prefill,
+        # or sink_window's chunked store with the columns it kept), or int8's chunked store.
+        self._prompt_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._prompt_cols: torch.Tensor | None = None
+        self._chunked_kv: list | None = None
         super().__init__(f, rows, max_len, cuda_graphs=False, share_prompts=False)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,7 +95,7 @@ class _Bounded(DecodeState):
 
     def _store_prompt_kv(self, p: PrefillLayout, li: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if li == 0:
-            self._prompt_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+            self._prompt_kv = []
         self._prompt_kv.append((k, v))  # stored per row by ``_after_prefill``
 
     def prefix(self, row: int, start: int) -> KVPrefix:
@@ -147,7 +152,7 @@ class Int8State(_Bounded):
         W, R, ex = p.W, self.R, p.expand
         a = max(W - R, 0)  # prompt columns stored as int8
         slots = torch.arange(a, W, device=ex.device) % R
-        chunked = getattr(self, "_chunked_kv", None)
+        chunked = self._chunked_kv
         if chunked is not None:  # int8 columns already made by the chunks (``Int8Prefill``)
             for li, (q8s, tails) in enumerate(chunked):
                 for q8, sc, ring, (pq, ps), tail in ((self.qk[li], self.sk[li], self.k[li], q8s[0], tails[0]),
@@ -156,7 +161,7 @@ class Int8State(_Bounded):
                         q8[:, :, :a], sc[:, :, :a] = pq.index_select(0, ex), ps.index_select(0, ex)
                     ring[:, :, slots] = tail.index_select(0, ex)
             self._chunked_kv = None
-        for li, (k, v) in enumerate(getattr(self, "_prompt_kv", [])):
+        for li, (k, v) in enumerate(self._prompt_kv):
             for x, q8, sc, ring in ((k, self.qk[li], self.sk[li], self.k[li]), (v, self.qv[li], self.sv[li], self.v[li])):
                 x = x.index_select(0, ex)
                 if a:
@@ -249,7 +254,7 @@ class SinkWindowState(_Bounded):
 
     def _after_prefill(self, p: PrefillLayout) -> None:
         ex = p.expand
-        cols = getattr(self, "_prompt_cols", None)  # the columns a chunked prefill kept (None: all W)
+        cols = self._prompt_cols  # the columns a chunked prefill kept (None: all W)
         self._prompt_cols = None
         if cols is None:
             cols = torch.arange(p.W, device=ex.device)
@@ -410,7 +415,7 @@ class Int8Prefill:
         self.t0 = t1
 
     def finish(self) -> None:
-        self.state._chunked_kv = [(((qk, sk), (qv, sv)), tail) for ((qk, sk), (qv, sv)), tail in zip(self.q8, self.tail)]
+        self.state._chunked_kv = list(zip(self.q8, self.tail))
 
 
 def make_state(f: FastLlama, rows: int, max_len: int, cuda_graphs: bool, kv_cache: str = "full",
