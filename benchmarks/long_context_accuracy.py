@@ -16,7 +16,8 @@ Wilson interval, the same tasks in every cell (one draw per level):
 - **per RoPE scaling** (``--rope``): the model loaded with ``model_load.rope_scaling``
   (``linear:F``, ``yarn:F``, ``dynamic:F``; ``none`` = as trained, the ``full`` rows), evaluated
   with the full cache. Each level's mean prompt length over the model's trained length
-  (``max_position_embeddings`` as saved) is printed, so the levels at 2-4x of it can be read off.
+  (``--trained-tokens``, default ``max_position_embeddings`` as saved) is printed, so the levels
+  at 2-4x of it can be read off.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def run(args) -> dict:
     from rlvr.tasks.base import generate_tasks
 
     model, tokenizer = load_model_and_tokenizer(args.model, device=args.device)
-    trained = int(model.config.max_position_embeddings)
+    trained = args.trained_tokens or int(model.config.max_position_embeddings)
     tasks = {level: generate_tasks([args.domain], "eval", args.tasks, args.seed, levels=[level]) for level in args.levels}
     lengths = {level: prompt_tokens(tokenizer, ts) for level, ts in tasks.items()}
     rows = []
@@ -99,6 +100,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tasks", type=int, default=40, help="held-out tasks per level")
     parser.add_argument("--options", nargs="+", default=list(OPTIONS), choices=OPTIONS)
     parser.add_argument("--rope", nargs="*", default=["none"], help="none | linear:F | yarn:F | dynamic:F")
+    parser.add_argument("--trained-tokens", type=int, default=0,
+                        help="the longest sequence the model was trained on (default: max_position_embeddings)")
     parser.add_argument("--prefill-chunk", type=int, default=1024)
     parser.add_argument("--kv-window", type=int, default=1024)
     parser.add_argument("--kv-sinks", type=int, default=4)

@@ -33,7 +33,8 @@ def test_the_grid_covers_every_option_and_scaling_on_the_same_tasks(tiny_model_d
     monkeypatch.setattr(load_mod, "load_model_and_tokenizer", recording_load)
     out = tmp_path / "acc.json"
     result = bench.main(["--model", str(tiny_model_dir), "--levels", "1", "--tasks", "2", "--rope", "none", "linear:2",
-                         "--max-new-tokens", "4", "--prefill-chunk", "256", "--kv-window", "64", "--json", str(out)])
+                         "--max-new-tokens", "4", "--prefill-chunk", "256", "--kv-window", "64", "--trained-tokens", "300",
+                         "--json", str(out)])
     assert json.loads(out.read_text())["rows"] == result["rows"]
     kinds = [(r["kind"], r["option"]) for r in result["rows"]]
     assert kinds == [("kv", "full"), ("kv", "int8"), ("kv", "sink_window"), ("rope", "linear:2")]
@@ -41,6 +42,7 @@ def test_the_grid_covers_every_option_and_scaling_on_the_same_tasks(tiny_model_d
     assert len({s[3] for s in seen}) == 1  # the same two tasks in every cell
     assert loads[0] is None and loads[1].rope_scaling["type"] == "linear" and loads[1].rope_scaling["factor"] == 2.0
     trained = result["trained_positions"]
+    assert trained == 300  # --trained-tokens, not the saved max_position_embeddings
     for r in result["rows"]:
         assert r["tasks"] == 2 and 0 <= r["pass@1"] <= 100 and r["ci95"][0] <= r["pass@1"] <= r["ci95"][1]
         assert r["x_trained"] == round(r["prompt_tokens"] / trained, 2) and r["prompt_tokens"] > 500

@@ -56,3 +56,23 @@ def test_a_short_run_writes_a_model_rlvr_loads(tmp_path):
     model, tokenizer = load_model_and_tokenizer(str(out))
     assert model.config.max_position_embeddings == 512 and model.config.hidden_size == 64
     assert tokenizer.decode(tokenizer("4829137")["input_ids"][:1]) == "4"  # single-digit tokens
+
+
+def test_the_long_context_recipe_runs_grpo_under_the_length_curriculum_from_such_a_prior(tmp_path):
+    """configs/long_context.yaml as written (its budgets cut): the prior loads, L1 tasks are drawn
+    by the curriculum, and the step logs the frontier and truncation per level."""
+    from rlvr.config import load_config
+    from rlvr.monitor.metrics import read_metrics
+    from rlvr.train import grpo
+
+    model = tmp_path / "prior"
+    prior.main(["--out", str(model), "--steps", "1", "--batch", "2", "--hidden", "64", "--layers", "1"])
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(grpo.GRPOConfig, root / "configs" / "long_context.yaml", [
+        f"model={model}", f"out={tmp_path / 'run'}", "steps=1", "train_tasks=24", "rollout.tasks_per_step=2",
+        "rollout.samples_per_task=2", "rollout.max_new_tokens=4"])
+    assert cfg.domains == ["long_ctx.needle"] and cfg.levels == [1, 2, 3] and cfg.curriculum.enabled
+    grpo.run_grpo(cfg, progress=False)
+    (step,) = read_metrics(tmp_path / "run")
+    assert step["curriculum/frontier/long_ctx.needle"] == 1  # the length curriculum starts at L1 (~1k tokens)
+    assert "rollout/truncated_frac" in step
