@@ -61,7 +61,9 @@ def hold_dead_port(port: int) -> None:
 
 def run_and_kill(tiny_model_dir: str, tmp_path: Path, on_failure: str, steps: int = 6):
     """Start the judge, start the run, SIGKILL the judge once step 2 is logged; (run's exit code,
-    its output, its metrics rows, seconds from the kill to the run's end)."""
+    its output, its metrics rows, seconds from the kill to the run's end, its out dir, rows logged
+    when the judge was dead: the run keeps stepping while the test polls and kills, so the kill can
+    land a few steps after step 2)."""
     port = free_port()
     server = start_server(tiny_model_dir, tmp_path / f"capture-{on_failure}", port)
     out = tmp_path / f"run-{on_failure}"
@@ -77,8 +79,9 @@ def run_and_kill(tiny_model_dir: str, tmp_path: Path, on_failure: str, steps: in
         server.wait(timeout=30)
         hold_dead_port(port)
         killed = time.monotonic()
+        at_kill = len(steps_logged(out))
         text, _ = run.communicate(timeout=240)  # never waits forever: a hang fails the test here
-        return run.returncode, text, steps_logged(out), time.monotonic() - killed, out
+        return run.returncode, text, steps_logged(out), time.monotonic() - killed, out, at_kill
     finally:
         for p in (run, server):
             if p.poll() is None:
@@ -86,22 +89,25 @@ def run_and_kill(tiny_model_dir: str, tmp_path: Path, on_failure: str, steps: in
 
 
 def test_a_killed_judge_scores_zero_and_alerts_under_policy_zero(tiny_model_dir, tmp_path):
-    code, text, rows, _, out = run_and_kill(tiny_model_dir, tmp_path, "zero")
+    code, text, rows, _, out, at_kill = run_and_kill(tiny_model_dir, tmp_path, "zero", steps=12)
     assert code == 0, text
-    assert len(rows) == 6
-    before, after = rows[:2], rows[-2:]
+    assert len(rows) == 12
+    # the step in flight at the kill may mix live and failed calls; every later one saw a dead judge
+    before, after = rows[:2], rows[at_kill + 1:]
+    assert len(after) >= 2, at_kill
     assert all(r["rollout/score/judge_failed"] < 1.0 for r in before)  # the live judge scored samples
     assert all(0.0 <= r["rollout/score/judge"] <= 1.0 for r in before)
     assert any(r["rollout/reward_judge"] > 0 for r in before)  # weighted into the reward
     assert all(r["rollout/score/judge_failed"] == 1.0 and r["rollout/score/judge"] == 0.0 for r in after)
     alerts = [json.loads(line) for line in open(out / "alerts.jsonl")]
     failures = [a for a in alerts if a["detector"] == "reward_source_failure"]
-    assert failures and failures[0]["evidence"]["source"] == "judge" and failures[0]["step"] >= 3
+    assert failures and failures[0]["evidence"]["source"] == "judge"
+    assert 3 <= failures[0]["step"] <= at_kill + 2
     assert "judge failed" in text
 
 
 def test_a_killed_judge_ends_the_run_under_policy_fail(tiny_model_dir, tmp_path):
-    code, text, rows, seconds, _ = run_and_kill(tiny_model_dir, tmp_path, "fail", steps=40)
+    code, text, rows, seconds, _, _ = run_and_kill(tiny_model_dir, tmp_path, "fail", steps=40)
     assert code != 0 and len(rows) < 40
     assert "reward.sources.judge (judge at http://127.0.0.1:" in text and "on_failure is 'fail'" in text
     assert "Traceback" not in text
