@@ -157,6 +157,19 @@ def test_a_pool_with_everything_retired_keeps_drawing():
     assert cur.counts["exhausted"] > 0
 
 
+def test_too_few_unlocked_tasks_for_a_step_is_a_user_error_naming_the_key_and_the_counts():
+    from rlvr.errors import UserError
+
+    cur = Curriculum(_pool(domains=("math.arith", "code.gen"), levels=(1, 2), per=3),
+                     _cfg(weights={"math": 1.0}), seed=0)  # code.gen has weight 0 here: not counted
+    assert len(cur.next(3, 0)) == 3
+    with pytest.raises(UserError) as info:
+        cur.next(4, 1)
+    text = str(info.value)
+    assert "rollout.tasks_per_step=4" in text and "math.arith L1: 3 tasks" in text
+    assert "code.gen" not in text and "L2" not in text  # only what a draw may take now
+
+
 def test_seesaw_raises_a_dropping_domains_weight_from_a_scripted_eval_history(tmp_path):
     cur = Curriculum(_pool(), _cfg(weights={"math": 1.0, "code.gen": 1.0}), seed=0)
     history = [  # (math.arith, math.word, code.gen) pass@1 per periodic eval

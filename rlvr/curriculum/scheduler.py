@@ -29,6 +29,7 @@ import math
 from collections import defaultdict
 
 from rlvr.curriculum.config import CurriculumConfig
+from rlvr.errors import UserError
 from rlvr.curriculum.rules import (choose_level, eval_noise, learnability_level, normalised, recycle_accepts,
                                    seesaw_step, should_promote, weight_groups, weighted_pick)
 from rlvr.tasks.base import seeded_rng
@@ -99,9 +100,24 @@ class Curriculum:
             if idx is not None:
                 out.append(idx)
         if len(out) < n:
-            raise RuntimeError(f"curriculum: drew only {len(out)} of {n} tasks from a pool of {len(self.tasks)}")
+            raise UserError(f"curriculum: drew only {len(out)} of rollout.tasks_per_step={n} distinct tasks at "
+                            f"step {step}: {self._unlocked_summary()} (a pool of {len(self.tasks)}); raise "
+                            "train_tasks, lower rollout.tasks_per_step, or add weight to domains with tasks unlocked")
         self._drawn_this_step.update(out)
         return [self.tasks[i] for i in out]
+
+    def _unlocked_summary(self) -> str:
+        """'math.arith L1: 1 task, ...': the tasks a draw may take now, per unlocked (domain, level)."""
+        parts = []
+        for domain, levels in sorted(self.levels.items()):
+            for lv in levels:
+                if lv <= self.frontier[domain] and self.weights().get(self._group_of(domain), 0) > 0:
+                    k = len(self.buckets[_bucket(domain, lv)])
+                    parts.append(f"{domain} L{lv}: {k} task{'s' * (k != 1)}")
+        return "unlocked " + (", ".join(parts) or "nothing")
+
+    def _group_of(self, domain: str) -> str | None:
+        return next((g for g, members in self.groups.items() if domain in members), None)
 
     def _recycled(self, n: int, rng) -> list[int]:
         cap = math.ceil(self.cfg.recycle.max_share * n)
