@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -50,9 +51,12 @@ def cell(model, tokenizer, tasks, args, option: str) -> dict:
     cfg = EvalConfig(domains=[args.domain], tasks=len(tasks), max_new_tokens=args.max_new_tokens,
                      batch_size=args.batch_size, prefill_chunk=args.prefill_chunk, kv_cache=option,
                      kv_window=args.kv_window, kv_sinks=args.kv_sinks)
+    start = time.perf_counter()
     overall = evaluate(model, tokenizer, tasks, cfg)["overall"]
-    return {"pass@1": round(100 * overall["pass@1"], 1), "ci95": [round(100 * x, 1) for x in overall["pass@1_ci95"]],
-            "tasks": overall["n_tasks"]}
+    result = {"pass@1": round(100 * overall["pass@1"], 1), "ci95": [round(100 * x, 1) for x in overall["pass@1_ci95"]],
+              "tasks": overall["n_tasks"], "seconds": round(time.perf_counter() - start, 1)}
+    print(f"level {tasks[0].level} {option}: {result}", flush=True)  # a long level runs for minutes
+    return result
 
 
 def prompt_tokens(tokenizer, tasks) -> int:
