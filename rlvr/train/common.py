@@ -147,12 +147,15 @@ class MasterWeightAdamW(torch.optim.AdamW):
 
 def clip_and_step(model, opt, sched, grad_clip: float) -> float:
     """Clip gradients, step optimizer and schedule; return the pre-clip gradient norm (in float32
-    over the master copies when the optimizer keeps them)."""
+    over the master copies when the optimizer keeps them; over the whole gradient when it is
+    sharded across ranks: a collective)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if isinstance(opt, MasterWeightAdamW):
         opt.load_grads()
         params = opt.masters
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+    if hasattr(norm, "full_tensor"):  # sharded (FSDP2) gradients: the whole gradient's norm
+        norm = norm.full_tensor()
     opt.step()
     sched.step()
     opt.zero_grad(set_to_none=True)

@@ -82,6 +82,8 @@ class ProducerRefusal:
     key: str
     applies: Callable[[object, int], bool]
     reason: str
+    where: str = ""
+    """What it does not work with, when not the producer's own words (``check``)."""
 
 
 PRODUCER_REFUSALS: tuple[ProducerRefusal, ...] = (
@@ -101,6 +103,9 @@ PRODUCER_REFUSALS: tuple[ProducerRefusal, ...] = (
     ProducerRefusal("distributed.rollout_chunk", lambda c, w: w > 1 and not c.distributed.rollout_chunk,
                     "data parallel deals each step's tasks to the ranks in chunks: set it > 0 (e.g. "
                     "rollout.tasks_per_step / the number of processes)"),
+    ProducerRefusal("distributed.shard", lambda c, w: w == 1 and c.distributed.shard,
+                    "it splits the policy over torchrun processes: run with several (rlvr train --nproc N, "
+                    "or torchrun --nproc_per_node N -m rlvr.cli train ...)", where="one process"),
 )
 
 
@@ -118,6 +123,12 @@ def _curriculum_refills(c) -> bool:
 
 
 CONFLICTS: tuple[Conflict, ...] = (
+    Conflict("algo.compile", lambda c: c.algo.compile and c.distributed.shard,
+             "compiled decoder layers are not built over FSDP2's sharded units: set algo.compile: false with "
+             "distributed.shard"),
+    Conflict("algo.logits_chunk", lambda c: c.algo.logits_chunk > 0 and c.distributed.shard,
+             "a sharded policy's LM head runs inside the model's own forward (its root FSDP2 unit gathers the "
+             "head there), not chunk by chunk: set algo.logits_chunk: 0 with distributed.shard"),
     Conflict("algo.dynamic_sampling_rounds", lambda c: c.algo.dynamic_sampling_rounds > 0 and _curriculum_refills(c),
              "it and curriculum.filter.refill_rounds both refill zero-variance groups: with the curriculum set "
              "curriculum.filter.refill_rounds only (and algo.dynamic_sampling_rounds: 0)"),
@@ -152,7 +163,7 @@ def check(cfg, world: int) -> None:
     built, component the producer does not run, or conflict ``cfg`` contains."""
     for r in PRODUCER_REFUSALS:
         if r.applies(cfg, world):
-            where = f"{world} torchrun processes" if world > 1 else f"rollout.engine: {cfg.rollout.engine}"
+            where = r.where or (f"{world} torchrun processes" if world > 1 else f"rollout.engine: {cfg.rollout.engine}")
             raise ConfigError(f"config key '{r.key}' does not work with {where}: {r.reason}")
     name = producer(cfg, world)
     for c in COMPONENTS:

@@ -43,6 +43,13 @@ class DistributedConfig:
     the flat buffer the reduction needs is one bucket, not a second copy of every gradient (DDP's
     ``bucket_cap_mb``, for the same reason)."""
 
+    shard: bool = False
+    """Shard the policy over the torchrun ranks with FSDP2 (``rlvr.train.sharded``): each rank keeps
+    1/N of its parameters, gradients and AdamW state (LoRA: of the base and the adapters, state for
+    the adapters only), checkpoints are DCP and resume at another world size (one plain process
+    included). Rollouts, evals and ``final/`` use a plain whole copy per rank, refreshed after each
+    update (``Policy.shard``). Needs several processes."""
+
     def __post_init__(self) -> None:
         check_choice("distributed.backend", self.backend, BACKENDS)
         check_range("distributed.rollout_chunk", self.rollout_chunk, 0)

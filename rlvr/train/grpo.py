@@ -60,6 +60,7 @@ from rlvr.train.common import Timer, training_state
 from rlvr.train.distributed import close_group, from_rank0
 from rlvr.train.grpo_config import AlgoConfig, GRPOConfig, RolloutConfig
 from rlvr.train.grpo_setup import Run, setup
+from rlvr.train.sharded import save_sharded_checkpoint
 from rlvr.train.phases import compute_advantages, prepare, select_samples
 from rlvr.train.sources import mismatch_metric, push_weights, rollout_source
 from rlvr.train.step_metrics import rollout_metrics
@@ -184,8 +185,10 @@ def stopped(run: Run, cfg: GRPOConfig, stop: RunStopped) -> None:
 
 def checkpoint(run: Run, cfg: GRPOConfig) -> None:
     """Rank 0's (data parallel: the weights, optimizer, generator and pool are the same on every
-    rank): the policy (LoRA: the adapter), its optimizer and the components' state, atomically."""
-    if not run.group.is_main:
+    rank): the policy (LoRA: the adapter), its optimizer and the components' state, atomically.
+    Sharded (``distributed.shard``): every rank writes its shards of the weights and optimizer
+    (DCP), rank 0 the rest."""
+    if not run.group.is_main and not run.policy.is_sharded:
         return
     pool = run.pool_state if run.pool_state is not None else run.pool.state_dict()  # async: not the producer's
     state = training_state(run.step, run.optimizer, run.scheduler, run.generator, pool=pool)
@@ -194,7 +197,14 @@ def checkpoint(run: Run, cfg: GRPOConfig) -> None:
         for part in run.components.values():
             part.save(directory)
 
-    path = save_checkpoint(run.dir, run.step, run.policy.checkpoint_module(), run.tokenizer, state,
-                           extra=components if run.components else None)
+    extra = components if run.components else None
+    if run.policy.is_sharded:  # the optimizer is in the shards
+        del state["optimizer"]
+        state["lora"], state["mixed_precision"] = run.policy.is_lora, run.policy.mixed_precision
+        path = save_sharded_checkpoint(run.dir, run.step, run.model, run.optimizer, state, run.group.is_main, extra)
+        if not run.group.is_main:
+            return
+    else:
+        path = save_checkpoint(run.dir, run.step, run.policy.checkpoint_module(), run.tokenizer, state, extra=extra)
     prune_checkpoints(run.dir, keep=cfg.keep_checkpoints)
     mirror_checkpoint(cfg.store, path, run.dir, keep=cfg.keep_checkpoints)  # files first, manifest last

@@ -13,6 +13,7 @@ from rlvr.config import resolve_device, to_dict
 from rlvr.curriculum.pool import TaskPool
 from rlvr.curriculum.scheduler import Curriculum
 from rlvr.eval.suites import get_suite, tasks_of
+from rlvr.errors import ConfigError
 from rlvr.model.checkpoint import latest_checkpoint
 from rlvr.images.build import build as build_image
 from rlvr.images.spec import read_spec
@@ -36,6 +37,7 @@ from rlvr.train.distributed import Group, barrier, launched, open_group, rank_de
 from rlvr.train.grpo_config import GRPOConfig
 from rlvr.train.memory import enable_activation_checkpointing
 from rlvr.train.policy import Policy
+from rlvr.train.sharded import check_sharded_resume, is_sharded_checkpoint, restore_sharded
 from rlvr.types import Task
 
 
@@ -86,12 +88,19 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
         pull_if_missing(cfg.store, run_dir, resume)  # another machine's run, from the store alone
     barrier()  # the other ranks read the pulled checkpoint
     ckpt = latest_checkpoint(run_dir) if resume else None
-    policy = Policy.load(cfg.model, cfg.lora, ckpt, device=device, options=cfg.model_load)
+    sharded_ckpt = ckpt is not None and is_sharded_checkpoint(ckpt)
+    if cfg.distributed.shard and ckpt is not None and not sharded_ckpt:
+        raise ConfigError(f"distributed.shard: {ckpt} is not a sharded checkpoint; resume it without distributed.shard")
+    if sharded_ckpt:
+        check_sharded_resume(ckpt, lora=cfg.lora.enabled, sharded=cfg.distributed.shard, shard_key="distributed.shard")
+    policy = Policy.load(cfg.model, cfg.lora, None if sharded_ckpt else ckpt, device=device, options=cfg.model_load)
     sandbox, tasks, eval_tasks = task_sets(cfg, log_dir)
     per_step = cfg.rollout.tasks_per_step * cfg.rollout.samples_per_task
     updates_per_step = cfg.algo.ppo_epochs * math.ceil(per_step / (cfg.algo.minibatch_size or per_step))
     if cfg.algo.gradient_checkpointing:
         enable_activation_checkpointing(policy.model)
+    if cfg.distributed.shard:  # before the optimizer: its state is built over the shards
+        policy.shard(master_weights=cfg.optim.master_weights)
     optimizer, scheduler = build_optimizer(policy.model, cfg.optim, cfg.steps * updates_per_step)
     components = build_components(Setup(cfg, policy, device, ckpt, updates_per_step))
     envs = EnvPool(cfg.env, sandbox) if any(t.multi_turn for t in tasks) else None
@@ -99,7 +108,11 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
     generator = torch.Generator().manual_seed(cfg.seed)
     step = 0
     if ckpt is not None:
-        state = restore_training_state(ckpt, optimizer, scheduler, generator)
+        if sharded_ckpt:  # DCP: the weights and optimizer at any world size, a plain process included
+            state = restore_sharded(ckpt, policy.model, optimizer, scheduler, generator)
+            policy.gather_weights()
+        else:
+            state = restore_training_state(ckpt, optimizer, scheduler, generator)
         pool.load_state_dict(state["pool"])
         step = state["step"]
     logger = MetricsLogger(log_dir, resume_step=step if resume else None, tensorboard=group.is_main,

@@ -247,7 +247,11 @@ def plain_head_family(model: torch.nn.Module) -> bool:
 
 
 def _decoder_and_head(model: torch.nn.Module):
-    """(base decoder, lm head) when logits are exactly ``head(decoder(...).last_hidden_state)``."""
+    """(base decoder, lm head) when logits are exactly ``head(decoder(...).last_hidden_state)``;
+    (None, None) for a model sharded with FSDP2, whose root unit (embeddings, head) gathers its
+    weights only in the model's own forward."""
+    if any(hasattr(p, "full_tensor") for p in model.parameters()):
+        return None, None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     base = getattr(model, getattr(model, "base_model_prefix", ""), None)
     if plain_head_family(model) and isinstance(head, torch.nn.Linear) and base is not None:

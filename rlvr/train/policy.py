@@ -14,6 +14,9 @@ One object decides LoRA-versus-full-weights for the trainers (config key ``lora`
   copy (asynchronous rollout, Ray workers); ``rlvr.model.lora.plain_state_dict`` of ``sampling()``
   gives the weights to load into it after an update.
 - ``checkpoint_module()`` for ``save_checkpoint`` (LoRA: the adapter), ``save_final`` for ``final/``.
+- ``shard()`` (GRPO's ``distributed.shard`` under torchrun): ``model`` sharded with FSDP2 over the
+  ranks (``rlvr.train.sharded``); sampling, the reference, engine copies and ``final/`` then use
+  ``sampler``, a plain whole copy that ``gather_weights`` refreshes after each update.
 """
 
 from __future__ import annotations
@@ -51,10 +54,18 @@ class Policy:
         """The ``PeftModel`` around ``model``, or None (full weights; or LoRA after a merged ``save_final``)."""
         self.base_path = base_path
         """The starting weights' directory: the LoRA base, and the default reference."""
+        self.sampler: Policy | None = None
+        """Sharded (``shard``): the plain whole policy that sampling, evals and ``final/`` use."""
+        self.mixed_precision = False
+        """Sharded over float32 masters with FSDP2's bf16 policy (``shard`` with master weights)."""
 
     @property
     def is_lora(self) -> bool:
         return self.lora is not None
+
+    @property
+    def is_sharded(self) -> bool:
+        return self.sampler is not None
 
     @classmethod
     def load(cls, path: str | Path, lora_cfg: LoraConfig, ckpt: str | Path | None = None, *, device,
@@ -80,7 +91,44 @@ class Policy:
     def sampling(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
         """The module to sample from for the block: with LoRA the merged weights
         (``sampling_weights``: the base restored bit for bit after), else ``model`` itself."""
+        if self.sampler is not None:
+            return self.sampler.sampling()
         return sampling_weights(self.lora) if self.is_lora else contextlib.nullcontext(self.model)
+
+    def shard(self, master_weights: bool = False) -> None:
+        """Shard ``model`` over the default process group with FSDP2 (``rlvr.train.sharded``), in
+        place: each rank keeps 1/N of every parameter (LoRA: the frozen base and the adapters), so
+        the gradients and the AdamW state built afterwards are 1/N too. Before that a plain copy
+        of the whole policy becomes ``sampler``: rollouts, evals, the reference and ``final/`` run
+        on it without collectives, and ``gather_weights`` refreshes it after each update (a whole
+        copy per rank, as the inference engine beside FSDP training holds one in verl). With
+        ``master_weights`` and a trainable parameter not in float32 (a bf16 model), the model is
+        upcast first and sharded with bf16 mixed precision: the float32 shards are the masters,
+        the sampler keeps the model's dtype and gets the rounded weights."""
+        from rlvr.train.sharded import shard_model
+
+        if self.lora is not None:
+            lora = copy.deepcopy(self.lora).eval().requires_grad_(False)
+            self.sampler = Policy(lora.get_base_model(), self.tokenizer, self.lora_cfg, lora=lora, base_path=self.base_path)
+        else:
+            plain = copy.deepcopy(self.model).eval().requires_grad_(False)
+            self.sampler = Policy(plain, self.tokenizer, self.lora_cfg, base_path=self.base_path)
+        self.mixed_precision = master_weights and any(p.dtype != torch.float32 for p in self.model.parameters()
+                                                      if p.requires_grad)
+        if self.mixed_precision:
+            self.model.float()
+        shard_model(self.model, mixed_precision=self.mixed_precision)
+
+    @torch.no_grad()
+    def gather_weights(self) -> None:
+        """Sharded: the trained parameters (LoRA: the adapters) all-gathered into ``sampler`` (a
+        collective: every rank calls it, after each update). No-op otherwise."""
+        if self.sampler is None:
+            return
+        weights = {n: p.full_tensor() for n, p in self.model.named_parameters() if p.requires_grad}
+        unexpected = self.sampler.model.load_state_dict(weights, strict=False).unexpected_keys
+        if unexpected:
+            raise RuntimeError(f"Policy.gather_weights: the sampler has no parameters {unexpected[:3]}")
 
     def load_reference(self, path: str | Path | None = None, *, device, options: ModelLoadConfig) -> torch.nn.Module | None:
         """A separately loaded frozen reference (eval, no grad) from ``path`` (None: the starting
@@ -104,6 +152,10 @@ class Policy:
         if loaded is not None:
             yield loaded
             return
+        if self.sampler is not None:  # sharded: the plain copy's adapters off, no collectives
+            with self.sampler.reference() as ref:
+                yield ref
+            return
         if not self.is_lora:
             raise ValueError("a full-weights policy has no reference of its own: load one with load_reference()")
         was_training = self.model.training
@@ -120,6 +172,8 @@ class Policy:
         holding exactly the merged weights of ``sampling()`` (not peft's ``merge_and_unload``, which
         on a bf16 base adds the float32 update before rounding and so can differ in the last bit).
         Later updates: ``load_state_dict(plain_state_dict(m))`` with ``m`` from ``sampling()``."""
+        if self.sampler is not None:
+            return self.sampler.engine_copy()
         if not self.is_lora:
             return copy.deepcopy(self.model).eval().requires_grad_(False)
         plain = copy.deepcopy(self.lora).unload()  # the base tree without the LoRA layers
@@ -135,7 +189,10 @@ class Policy:
         """Write ``final/``: full weights as a Hugging Face directory; LoRA as ``lora.save`` says
         (``rlvr.model.lora.save_final``). Returns the model to use after it, also left in
         ``model``: merged, the plain model with the adapters merged in for good (``lora`` becomes
-        None); adapter or full weights, ``model`` unchanged."""
+        None); adapter or full weights, ``model`` unchanged. Sharded: ``sampler`` writes it (the
+        weights of the last ``gather_weights``; any one rank, no collectives)."""
+        if self.sampler is not None:
+            return self.sampler.save_final(directory)
         if not self.is_lora:
             save_model_dir(directory, self.model, self.tokenizer)
             return self.model

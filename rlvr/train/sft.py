@@ -59,6 +59,7 @@ from rlvr.train.common import (
 )
 from rlvr.train.distributed import barrier, launched, rank_device
 from rlvr.train.policy import Policy
+from rlvr.train.sharded import check_sharded_resume, is_sharded_checkpoint, restore_sharded, save_sharded_checkpoint
 from rlvr.types import Task
 
 
@@ -195,11 +196,11 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False, progress: bool = True) -> d
         pull_if_missing(cfg.store, run_dir, resume)  # another machine's run, from the store alone
     barrier()  # the other ranks read the pulled checkpoint
     ckpt = latest_checkpoint(run_dir) if resume else None
-    sharded_ckpt = ckpt is not None and par.is_sharded_checkpoint(ckpt)
+    sharded_ckpt = ckpt is not None and is_sharded_checkpoint(ckpt)
     if cfg.shard and ckpt is not None and not sharded_ckpt:
         raise ConfigError(f"sft.shard: {ckpt} is not a sharded checkpoint; resume it without sft.shard")
     if sharded_ckpt:
-        par.check_sharded_resume(ckpt, cfg)
+        check_sharded_resume(ckpt, lora=cfg.lora.enabled, sharded=cfg.shard, shard_key="sft.shard")
     policy = Policy.load(cfg.model, cfg.lora, None if sharded_ckpt else ckpt, device=device, options=cfg.model_load)
     model, tokenizer = policy.model, policy.tokenizer  # LoRA: only the adapters require grad
     model.train()
@@ -210,7 +211,7 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False, progress: bool = True) -> d
     order = torch.randperm(len(examples), generator=gen).tolist()
     first, cursor, loss_value = 1, 0, float("nan")
     if ckpt is not None:
-        state = (par.restore_sharded(ckpt, model, opt, sched, gen) if sharded_ckpt
+        state = (restore_sharded(ckpt, model, opt, sched, gen) if sharded_ckpt
                  else restore_training_state(ckpt, opt, sched, gen))
         first, order, cursor, loss_value = state["step"] + 1, state["order"], state["cursor"], state["loss"]
     logger = MetricsLogger(run_dir, resume_step=first - 1 if resume else None,
@@ -236,7 +237,7 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False, progress: bool = True) -> d
                 if layout.shard:  # every rank writes its shards; the optimizer is in them
                     del state["optimizer"]
                     state["lora"], state["mixed_precision"] = cfg.lora.enabled, layout.mixed_precision
-                    path = par.save_sharded_checkpoint(run_dir, step, model, opt, state, layout)
+                    path = save_sharded_checkpoint(run_dir, step, model, opt, state, group.is_main)
                 elif group.is_main:  # the ranks' weights are the same: rank 0 writes them
                     path = save_checkpoint(run_dir, step, policy.checkpoint_module(), tokenizer, state)
                 if group.is_main:

@@ -35,8 +35,6 @@ parallelism on a model whose head counts do not divide by the world size.
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,15 +43,8 @@ import torch.distributed as dist
 
 from rlvr.algos.losses import token_logprobs
 from rlvr.errors import ConfigError
-from rlvr.model.checkpoint import (
-    CHECKPOINTS,
-    MARKER,
-    TRAINER_STATE,
-    load_trainer_state,
-    set_rng_state,
-    write_manifest,
-)
 from rlvr.model.inputs import pad_right
+from rlvr.train.common import clip_and_step
 from rlvr.train.distributed import (
     DistributedConfig,
     Group,
@@ -61,9 +52,6 @@ from rlvr.train.distributed import (
     barrier,
     open_group,
 )
-
-DCP_DIR = "dcp"
-
 
 def check_parallel(cfg, group: Group) -> None:
     """Refuse the layouts of ``cfg`` (an ``SFTConfig``) that cannot run in ``group``."""
@@ -132,20 +120,6 @@ def prepare(model: torch.nn.Module, layout: Layout, master_weights: bool = False
     return model
 
 
-def check_sharded_resume(ckpt: Path, cfg) -> None:
-    """A sharded checkpoint resumes only into the same kind of policy (LoRA or full weights), and
-    one with float32 masters under FSDP2's bf16 policy only sharded (its optimizer state is plain
-    AdamW's over float32 weights, not ``MasterWeightAdamW``'s)."""
-    state = load_trainer_state(ckpt)
-    if state.get("mixed_precision", False) and not cfg.shard:
-        raise ConfigError(f"{ckpt} is a sharded checkpoint with float32 masters (optim.master_weights): resume it "
-                          "with sft.shard=true under torchrun")
-    saved = bool(state.get("lora", False))
-    if saved != cfg.lora.enabled:
-        kind = "a LoRA run's (adapters on a frozen base)" if saved else "a full-weights run's"
-        raise ConfigError(f"{ckpt} is {kind} sharded checkpoint: resume it with lora.enabled={str(saved).lower()}")
-
-
 def response_tokens(row: tuple[list[int], list[int]]) -> int:
     """The trained targets of a row (its loss mask past the first token, as ``sft_loss`` counts)."""
     return sum(row[1][1:])
@@ -185,71 +159,6 @@ def parallel_step(model, rows: list, layout: Layout, opt, sched, grad_clip: floa
             all_reduce_grads([p for p in model.parameters() if p.requires_grad])
     grad_norm = clip_and_step(model, opt, sched, grad_clip)
     return {"train/loss": loss_value, "train/grad_norm": grad_norm, "train/lr": sched.get_last_lr()[0]}
-
-
-def clip_and_step(model, opt, sched, grad_clip: float) -> float:
-    """``rlvr.train.common.clip_and_step`` for gradients that may be ``DTensor`` shards: the norm
-    is the whole gradient's (a collective when sharded)."""
-    from torch.distributed.tensor import DTensor
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
-    opt.step()
-    sched.step()
-    opt.zero_grad(set_to_none=True)
-    return float(norm)
-
-
-# ---------------------------------------------------------------------------------------------
-# Sharded checkpoints and the final model
-
-
-def is_sharded_checkpoint(ckpt: Path) -> bool:
-    return (Path(ckpt) / DCP_DIR).is_dir()
-
-
-def save_sharded_checkpoint(run_dir: Path, step: int, model, opt, state: dict, layout: Layout) -> Path:
-    """``run_dir/checkpoints/step_N/``: ``dcp/`` (model and optimizer, every rank its shards) and
-    rank 0's ``trainer_state.pt`` (``state``: no optimizer), manifest and marker, published by one
-    rename; every rank calls it and gets the path."""
-    from rlvr.train.sharded import save_checkpoint
-
-    parent = Path(run_dir) / CHECKPOINTS
-    final = parent / f"step_{step}"
-    tmp = parent / f".tmp-step_{step}-sharded"  # the same name on every rank
-    if layout.group.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    barrier()
-    save_checkpoint(tmp / DCP_DIR, model, opt)
-    barrier()  # every rank's shards are written
-    if layout.group.is_main:
-        torch.save(state, tmp / TRAINER_STATE)
-        write_manifest(tmp)
-        with open(tmp / MARKER, "w") as f:  # last: its presence means all else is there
-            f.write(f"{step}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    barrier()
-    return final
-
-
-def restore_sharded(ckpt: Path, model, opt, sched, generator: torch.Generator) -> dict:
-    """Load a sharded checkpoint into ``model`` and ``opt`` (sharded over any world size, or plain
-    in one process), the schedule, generator and RNGs; returns the trainer state (step, order ...)."""
-    from rlvr.train.sharded import load_checkpoint
-
-    load_checkpoint(Path(ckpt) / DCP_DIR, model, opt)
-    state = load_trainer_state(ckpt)
-    sched.load_state_dict(state["scheduler"])
-    generator.set_state(state["generator"])
-    set_rng_state(state["rng"])
-    return state
 
 
 def save_final_sharded(directory: Path, model, tokenizer, cfg, layout: Layout) -> None:

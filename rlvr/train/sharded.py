@@ -20,14 +20,20 @@ by parameter name (``get_state_dict``), so they do not depend on the world size;
 ``load_checkpoint`` reads them into a model sharded over any number of ranks or into a plain
 model in a process without a process group (DCP then reads in that one process).
 
-`rlvr sft` uses it under torchrun with `sft.shard: true` (`rlvr.train.sft_parallel`).
+A run's checkpoints (``save_sharded_checkpoint``, ``restore_sharded``) are that DCP directory
+beside rank 0's trainer state, published atomically like ``rlvr.model.checkpoint``'s.
+
+`rlvr sft` uses it under torchrun with `sft.shard: true` (`rlvr.train.sft_parallel`), `rlvr train`
+with `distributed.shard: true` (`rlvr.train.policy`, `rlvr.train.grpo`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -43,7 +49,10 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from rlvr.errors import ConfigError
+from rlvr.model.checkpoint import CHECKPOINTS, MARKER, TRAINER_STATE, load_trainer_state, set_rng_state, write_manifest
 from rlvr.train.compiled import decoder_layers
+from rlvr.train.distributed import barrier
 
 
 def find_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -171,3 +180,69 @@ def local_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None 
     if optimizer is not None:
         optim = sum(_bytes(v) for state in optimizer.state.values() for v in state.values())
     return {"params": params, "optimizer": optim, "total": params + optim}
+
+
+# ---------------------------------------------------------------------------------------------
+# A run's sharded checkpoints (``rlvr sft`` and ``rlvr train`` with sharding): DCP + trainer state
+
+DCP_DIR = "dcp"
+
+
+def is_sharded_checkpoint(ckpt: Path) -> bool:
+    return (Path(ckpt) / DCP_DIR).is_dir()
+
+
+def save_sharded_checkpoint(run_dir: Path, step: int, model, opt, state: dict, is_main: bool,
+                            extra: Callable[[Path], None] | None = None) -> Path:
+    """``run_dir/checkpoints/step_N/``: ``dcp/`` (model and optimizer, every rank its shards) and
+    rank 0's ``trainer_state.pt`` (``state``: no optimizer) and ``extra(directory)`` (a step
+    component's files), manifest and marker, published by one rename; every rank calls it and gets
+    the path."""
+    parent = Path(run_dir) / CHECKPOINTS
+    final = parent / f"step_{step}"
+    tmp = parent / f".tmp-step_{step}-sharded"  # the same name on every rank
+    if is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier()
+    save_checkpoint(tmp / DCP_DIR, model, opt)
+    barrier()  # every rank's shards are written
+    if is_main:
+        torch.save(state, tmp / TRAINER_STATE)
+        if extra is not None:
+            extra(tmp)
+        write_manifest(tmp)
+        with open(tmp / MARKER, "w") as f:  # last: its presence means all else is there
+            f.write(f"{step}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    barrier()
+    return final
+
+
+def restore_sharded(ckpt: Path, model, opt, sched, generator: torch.Generator) -> dict:
+    """Load a sharded checkpoint into ``model`` and ``opt`` (sharded over any world size, or plain
+    in one process), the schedule, generator and RNGs; returns the trainer state (step, order ...)."""
+    load_checkpoint(Path(ckpt) / DCP_DIR, model, opt)
+    state = load_trainer_state(ckpt)
+    sched.load_state_dict(state["scheduler"])
+    generator.set_state(state["generator"])
+    set_rng_state(state["rng"])
+    return state
+
+
+def check_sharded_resume(ckpt: Path, *, lora: bool, sharded: bool, shard_key: str) -> None:
+    """A sharded checkpoint resumes only into the same kind of policy (LoRA or full weights), and
+    one with float32 masters under FSDP2's bf16 policy only sharded (its optimizer state is plain
+    AdamW's over float32 weights, not ``MasterWeightAdamW``'s); ``ConfigError`` naming the key."""
+    state = load_trainer_state(ckpt)
+    if state.get("mixed_precision", False) and not sharded:
+        raise ConfigError(f"{ckpt} is a sharded checkpoint with float32 masters (optim.master_weights): resume it "
+                          f"with {shard_key}=true under torchrun")
+    saved = bool(state.get("lora", False))
+    if saved != lora:
+        kind = "a LoRA run's (adapters on a frozen base)" if saved else "a full-weights run's"
+        raise ConfigError(f"{ckpt} is {kind} sharded checkpoint: resume it with lora.enabled={str(saved).lower()}")

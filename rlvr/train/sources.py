@@ -88,7 +88,9 @@ def async_source(run: Run, cfg: GRPOConfig, verify: Callable, external: RolloutE
 
 def push_weights(source: RolloutSource, run: Run, version: int) -> None:
     """The policy's weights after the update to ``version`` (a LoRA policy: the merged weights) to
-    the source, when it takes them (the in-process synchronous source samples from the policy itself)."""
+    the source, when it takes them (the in-process synchronous source samples from the policy itself).
+    A sharded policy first gathers its weights into its sampling copy (every rank)."""
+    run.policy.gather_weights()
     if not source.takes_weights:
         return
     with run.policy.sampling() as model:

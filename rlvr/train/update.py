@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
@@ -99,15 +100,24 @@ def minibatch_backward(run: Run, mini: Batch, a: AlgoConfig, totals: dict, is_ca
     normalised by the mini-batch's global ``totals``, so the sum of the ranks' gradients
     (``all_reduce_grads``) is the one-process gradient and every rank steps the same; every
     micro-batch's metrics reach every rank. With ``algo.microbatch_tokens`` the micro-batches hold
-    at most that many tokens each, as many on every rank (``rlvr.train.token_batches``)."""
+    at most that many tokens each, as many on every rank (``rlvr.train.token_batches``). Sharded
+    (``distributed.shard``): FSDP2 reduce-scatters the gradients as an average, so the loss is
+    scaled by the world size, and a rank with one micro-batch fewer runs a zero-weighted one (each
+    sharded forward and backward is a collective of every rank)."""
     micros = microbatch_rows(mini, a, run.group.world)
+    sharded, world = run.policy.is_sharded, run.group.world
     mine = []
-    for u in range(run.group.rank, len(micros), run.group.world):
+    for u in range(run.group.rank, len(micros), world):
         micro = mini if len(micros) == 1 else select(mini, micros[u])
         loss, metrics = micro_loss(run.model, micro, a, totals, is_cap=is_cap)
-        loss.backward()
+        (loss * world if sharded else loss).backward()  # FSDP2 averages the ranks' gradients: undo the 1/N
         mine.append(metrics)
-    all_reduce_grads([p for p in run.model.parameters() if p.requires_grad], run.cfg.distributed.bucket_mb)
+    if sharded and len(mine) < math.ceil(len(micros) / world):  # every rank must join each sharded forward
+        loss, _ = micro_loss(run.model, mini if len(micros) == 1 else select(mini, micros[0]), a, totals,
+                             is_cap=is_cap)
+        (loss * 0.0).backward()
+    if not sharded:
+        all_reduce_grads([p for p in run.model.parameters() if p.requires_grad], run.cfg.distributed.bucket_mb)
     per_rank = gather(mine)
     return [per_rank[u % run.group.world][u // run.group.world] for u in range(len(micros))]
 
@@ -145,7 +155,8 @@ def memory_settings(model, batch: Batch, a: AlgoConfig) -> tuple[AlgoConfig, dic
 
 def grad_norm(model: torch.nn.Module) -> float:
     """The total L2 norm of the gradients (what ``clip_and_step`` clips), without stepping."""
-    return float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]))
+    norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: the whole gradient's
 
 
 def logprobs_of(model, batch: Batch, a: AlgoConfig) -> torch.Tensor:
