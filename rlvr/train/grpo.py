@@ -198,10 +198,9 @@ def checkpoint(run: Run, cfg: GRPOConfig) -> None:
             part.save(directory)
 
     extra = components if run.components else None
-    if run.policy.is_sharded:  # the optimizer is in the shards
-        del state["optimizer"]
-        state["lora"], state["mixed_precision"] = run.policy.is_lora, run.policy.mixed_precision
-        path = save_sharded_checkpoint(run.dir, run.step, run.model, run.optimizer, state, run.group.is_main, extra)
+    if run.policy.is_sharded:  # every rank writes its shards; the optimizer is in them
+        path = save_sharded_checkpoint(run.dir, run.step, run.model, run.optimizer, state, run.group.is_main,
+                                       lora=run.policy.is_lora, mixed_precision=run.policy.mixed_precision, extra=extra)
         if not run.group.is_main:
             return
     else:

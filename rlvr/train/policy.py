@@ -105,7 +105,7 @@ class Policy:
         ``master_weights`` and a trainable parameter not in float32 (a bf16 model), the model is
         upcast first and sharded with bf16 mixed precision: the float32 shards are the masters,
         the sampler keeps the model's dtype and gets the rounded weights."""
-        from rlvr.train.sharded import shard_model
+        from rlvr.train.sharded import shard_for_training
 
         if self.lora is not None:
             lora = copy.deepcopy(self.lora).eval().requires_grad_(False)
@@ -113,11 +113,7 @@ class Policy:
         else:
             plain = copy.deepcopy(self.model).eval().requires_grad_(False)
             self.sampler = Policy(plain, self.tokenizer, self.lora_cfg, base_path=self.base_path)
-        self.mixed_precision = master_weights and any(p.dtype != torch.float32 for p in self.model.parameters()
-                                                      if p.requires_grad)
-        if self.mixed_precision:
-            self.model.float()
-        shard_model(self.model, mixed_precision=self.mixed_precision)
+        self.mixed_precision = shard_for_training(self.model, master_weights)
 
     @torch.no_grad()
     def gather_weights(self) -> None:

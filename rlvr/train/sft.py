@@ -235,9 +235,8 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False, progress: bool = True) -> d
                 state = training_state(step, opt, sched, gen, order=order, cursor=cursor, loss=loss_value)
                 path = None
                 if layout.shard:  # every rank writes its shards; the optimizer is in them
-                    del state["optimizer"]
-                    state["lora"], state["mixed_precision"] = cfg.lora.enabled, layout.mixed_precision
-                    path = save_sharded_checkpoint(run_dir, step, model, opt, state, group.is_main)
+                    path = save_sharded_checkpoint(run_dir, step, model, opt, state, group.is_main,
+                                                   lora=cfg.lora.enabled, mixed_precision=layout.mixed_precision)
                 elif group.is_main:  # the ranks' weights are the same: rank 0 writes them
                     path = save_checkpoint(run_dir, step, policy.checkpoint_module(), tokenizer, state)
                 if group.is_main:

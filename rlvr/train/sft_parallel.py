@@ -110,13 +110,9 @@ def prepare(model: torch.nn.Module, layout: Layout, master_weights: bool = False
         except ValueError as e:
             raise ConfigError(f"sft.sequence_parallel: {e}") from None
     if layout.shard:
-        from rlvr.train.sharded import shard_model
+        from rlvr.train.sharded import shard_for_training
 
-        layout.mixed_precision = master_weights and any(p.dtype != torch.float32 for p in model.parameters()
-                                                        if p.requires_grad)
-        if layout.mixed_precision:
-            model.float()
-        shard_model(model, mixed_precision=layout.mixed_precision)
+        layout.mixed_precision = shard_for_training(model, master_weights)
     return model
 
 

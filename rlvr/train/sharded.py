@@ -89,6 +89,17 @@ def mixed_precision_policy(enabled: bool) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
+def shard_for_training(model: torch.nn.Module, master_weights: bool = False) -> bool:
+    """``shard_model`` before the optimizer is built; with ``master_weights`` and a trainable
+    parameter not in float32 (a bf16 model), upcast first and shard with bf16 mixed precision (the
+    float32 shards are the masters). Whether it did (the checkpoints record it)."""
+    mixed = master_weights and any(p.dtype != torch.float32 for p in model.parameters() if p.requires_grad)
+    if mixed:
+        model.float()
+    shard_model(model, mixed_precision=mixed)
+    return mixed
+
+
 def shard_model(model: torch.nn.Module, mesh_or_group: DeviceMesh | dist.ProcessGroup | None = None, *,
                 mixed_precision: bool = False, reshard_after_forward: bool = True) -> torch.nn.Module:
     """``fully_shard`` each decoder layer of ``model`` and then the root, in place; returns the
@@ -192,12 +203,14 @@ def is_sharded_checkpoint(ckpt: Path) -> bool:
     return (Path(ckpt) / DCP_DIR).is_dir()
 
 
-def save_sharded_checkpoint(run_dir: Path, step: int, model, opt, state: dict, is_main: bool,
-                            extra: Callable[[Path], None] | None = None) -> Path:
+def save_sharded_checkpoint(run_dir: Path, step: int, model, opt, state: dict, is_main: bool, *, lora: bool,
+                            mixed_precision: bool, extra: Callable[[Path], None] | None = None) -> Path:
     """``run_dir/checkpoints/step_N/``: ``dcp/`` (model and optimizer, every rank its shards) and
-    rank 0's ``trainer_state.pt`` (``state``: no optimizer) and ``extra(directory)`` (a step
-    component's files), manifest and marker, published by one rename; every rank calls it and gets
-    the path."""
+    rank 0's ``trainer_state.pt`` (``state`` without its optimizer, which is in the shards, and
+    with ``lora`` and ``mixed_precision`` for ``check_sharded_resume``) and ``extra(directory)`` (a
+    step component's files), manifest and marker, published by one rename; every rank calls it and
+    gets the path."""
+    state = {**{k: v for k, v in state.items() if k != "optimizer"}, "lora": lora, "mixed_precision": mixed_precision}
     parent = Path(run_dir) / CHECKPOINTS
     final = parent / f"step_{step}"
     tmp = parent / f".tmp-step_{step}-sharded"  # the same name on every rank
