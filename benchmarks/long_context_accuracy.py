@@ -18,11 +18,15 @@ Wilson interval, the same tasks in every cell (one draw per level):
   with the full cache. Each level's mean prompt length over the model's trained length
   (``--trained-tokens``, default ``max_position_embeddings`` as saved) is printed, so the levels
   at 2-4x of it can be read off.
+
+A 32k level takes tens of CPU minutes: each cell is printed and written to ``--json`` (marked
+``"partial": true`` until the last) as soon as it is measured, so a run cut short keeps its cells.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -74,26 +78,36 @@ def run(args) -> dict:
     trained = args.trained_tokens or int(model.config.max_position_embeddings)
     tasks = {level: generate_tasks([args.domain], "eval", args.tasks, args.seed, levels=[level]) for level in args.levels}
     lengths = {level: prompt_tokens(tokenizer, ts) for level, ts in tasks.items()}
-    rows = []
+    rows: list[dict] = []
+
+    def result() -> dict:
+        return {"model": str(args.model), "domain": args.domain, "trained_positions": trained, "rows": rows,
+                "settings": {k: getattr(args, k) for k in ("tasks", "seed", "prefill_chunk", "kv_window", "kv_sinks",
+                                                           "max_new_tokens")}}
+
+    def add(row: dict) -> None:  # a long level runs for minutes: each cell is in --json as soon as it is measured
+        rows.append(row)
+        full = {r["level"]: r["pass@1"] for r in rows if r["option"] == "full"}
+        for r in rows:  # the cost of compression, once the level's full-cache cell is in
+            if r["kind"] == "kv" and r["level"] in full:
+                r["cost_points"] = round(r["pass@1"] - full[r["level"]], 1)
+        if args.json_path:
+            Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json_path).write_text(json.dumps({**result(), "partial": True}, indent=2) + "\n")
+
     for level in args.levels:
         for option in args.options:
-            rows.append({"kind": "kv", "option": option, "level": level, "prompt_tokens": lengths[level],
-                         "x_trained": round(lengths[level] / trained, 2), **cell(model, tokenizer, tasks[level], args, option)})
-    full = {r["level"]: r["pass@1"] for r in rows if r["option"] == "full"}
-    for r in rows:
-        if r["level"] in full:
-            r["cost_points"] = round(r["pass@1"] - full[r["level"]], 1)
+            add({"kind": "kv", "option": option, "level": level, "prompt_tokens": lengths[level],
+                 "x_trained": round(lengths[level] / trained, 2), **cell(model, tokenizer, tasks[level], args, option)})
     for spec in args.rope:
         scaling = parse_rope(spec)
         if scaling is None:
             continue
         scaled, tok = load_model_and_tokenizer(args.model, device=args.device, options=ModelLoadConfig(rope_scaling=scaling))
         for level in args.levels:
-            rows.append({"kind": "rope", "option": spec, "level": level, "prompt_tokens": lengths[level],
-                         "x_trained": round(lengths[level] / trained, 2), **cell(scaled, tok, tasks[level], args, "full")})
-    return {"model": str(args.model), "domain": args.domain, "trained_positions": trained, "rows": rows,
-            "settings": {k: getattr(args, k) for k in ("tasks", "seed", "prefill_chunk", "kv_window", "kv_sinks",
-                                                       "max_new_tokens")}}
+            add({"kind": "rope", "option": spec, "level": level, "prompt_tokens": lengths[level],
+                 "x_trained": round(lengths[level] / trained, 2), **cell(scaled, tok, tasks[level], args, "full")})
+    return result()
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -18,11 +18,13 @@ def test_the_grid_covers_every_option_and_scaling_on_the_same_tasks(tiny_model_d
     import rlvr.eval.evaluate as evaluate_mod
     import rlvr.model.load as load_mod
 
-    seen, loads = [], []
+    seen, loads, written = [], [], []
     real_eval, real_load = evaluate_mod.evaluate, load_mod.load_model_and_tokenizer
+    out = tmp_path / "acc.json"
 
     def recording_eval(model, tokenizer, tasks, cfg, **kw):
         seen.append((cfg.kv_cache, cfg.prefill_chunk, cfg.kv_window, tuple(t.id for t in tasks)))
+        written.append(json.loads(out.read_text()) if out.exists() else None)  # what a cut run would keep
         return real_eval(model, tokenizer, tasks, cfg, **kw)
 
     def recording_load(path, **kw):
@@ -31,11 +33,12 @@ def test_the_grid_covers_every_option_and_scaling_on_the_same_tasks(tiny_model_d
 
     monkeypatch.setattr(evaluate_mod, "evaluate", recording_eval)
     monkeypatch.setattr(load_mod, "load_model_and_tokenizer", recording_load)
-    out = tmp_path / "acc.json"
     result = bench.main(["--model", str(tiny_model_dir), "--levels", "1", "--tasks", "2", "--rope", "none", "linear:2",
                          "--max-new-tokens", "4", "--prefill-chunk", "256", "--kv-window", "64", "--trained-tokens", "300",
                          "--json", str(out)])
-    assert json.loads(out.read_text())["rows"] == result["rows"]
+    assert json.loads(out.read_text())["rows"] == result["rows"] and "partial" not in json.loads(out.read_text())
+    assert written[0] is None and [len(w["rows"]) for w in written[1:]] == [1, 2, 3]  # each cell as measured
+    assert all(w["partial"] for w in written[1:]) and written[3]["rows"] == result["rows"][:3]
     kinds = [(r["kind"], r["option"]) for r in result["rows"]]
     assert kinds == [("kv", "full"), ("kv", "int8"), ("kv", "sink_window"), ("rope", "linear:2")]
     assert [s[:3] for s in seen] == [("full", 256, 64), ("int8", 256, 64), ("sink_window", 256, 64), ("full", 256, 64)]
