@@ -29,9 +29,9 @@ import math
 from collections import defaultdict
 
 from rlvr.curriculum.config import CurriculumConfig
-from rlvr.errors import UserError
 from rlvr.curriculum.rules import (choose_level, eval_noise, learnability_level, normalised, recycle_accepts,
                                    seesaw_step, should_promote, weight_groups, weighted_pick)
+from rlvr.errors import UserError
 from rlvr.tasks.base import seeded_rng
 from rlvr.types import Scored, Task
 

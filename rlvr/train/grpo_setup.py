@@ -13,7 +13,6 @@ from rlvr.config import resolve_device, to_dict
 from rlvr.curriculum.pool import TaskPool
 from rlvr.curriculum.scheduler import Curriculum
 from rlvr.eval.suites import get_suite, tasks_of
-from rlvr.errors import ConfigError
 from rlvr.model.checkpoint import latest_checkpoint
 from rlvr.images.build import build as build_image
 from rlvr.images.spec import read_spec
@@ -37,7 +36,7 @@ from rlvr.train.distributed import Group, barrier, launched, open_group, rank_de
 from rlvr.train.grpo_config import GRPOConfig
 from rlvr.train.memory import enable_activation_checkpointing
 from rlvr.train.policy import Policy
-from rlvr.train.sharded import check_sharded_resume, is_sharded_checkpoint, restore_sharded
+from rlvr.train.sharded import check_sharded_resume, restore_sharded
 from rlvr.types import Task
 
 
@@ -88,11 +87,8 @@ def setup(cfg: GRPOConfig, resume: bool) -> Run:
         pull_if_missing(cfg.store, run_dir, resume)  # another machine's run, from the store alone
     barrier()  # the other ranks read the pulled checkpoint
     ckpt = latest_checkpoint(run_dir) if resume else None
-    sharded_ckpt = ckpt is not None and is_sharded_checkpoint(ckpt)
-    if cfg.distributed.shard and ckpt is not None and not sharded_ckpt:
-        raise ConfigError(f"distributed.shard: {ckpt} is not a sharded checkpoint; resume it without distributed.shard")
-    if sharded_ckpt:
-        check_sharded_resume(ckpt, lora=cfg.lora.enabled, sharded=cfg.distributed.shard, shard_key="distributed.shard")
+    sharded_ckpt = check_sharded_resume(ckpt, lora=cfg.lora.enabled, sharded=cfg.distributed.shard,
+                                        shard_key="distributed.shard")
     policy = Policy.load(cfg.model, cfg.lora, None if sharded_ckpt else ckpt, device=device, options=cfg.model_load)
     sandbox, tasks, eval_tasks = task_sets(cfg, log_dir)
     per_step = cfg.rollout.tasks_per_step * cfg.rollout.samples_per_task

@@ -64,6 +64,7 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from rlvr.train import sequence_attention
 from rlvr.train.chunked_head import chunked_token_logprobs, token_logprobs
@@ -250,7 +251,7 @@ def _decoder_and_head(model: torch.nn.Module):
     """(base decoder, lm head) when logits are exactly ``head(decoder(...).last_hidden_state)``;
     (None, None) for a model sharded with FSDP2, whose root unit (embeddings, head) gathers its
     weights only in the model's own forward."""
-    if any(hasattr(p, "full_tensor") for p in model.parameters()):
+    if isinstance(model, FSDPModule):
         return None, None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     base = getattr(model, getattr(model, "base_model_prefix", ""), None)

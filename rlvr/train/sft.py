@@ -59,7 +59,7 @@ from rlvr.train.common import (
 )
 from rlvr.train.distributed import barrier, launched, rank_device
 from rlvr.train.policy import Policy
-from rlvr.train.sharded import check_sharded_resume, is_sharded_checkpoint, restore_sharded, save_sharded_checkpoint
+from rlvr.train.sharded import check_sharded_resume, restore_sharded, save_sharded_checkpoint
 from rlvr.types import Task
 
 
@@ -196,11 +196,7 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False, progress: bool = True) -> d
         pull_if_missing(cfg.store, run_dir, resume)  # another machine's run, from the store alone
     barrier()  # the other ranks read the pulled checkpoint
     ckpt = latest_checkpoint(run_dir) if resume else None
-    sharded_ckpt = ckpt is not None and is_sharded_checkpoint(ckpt)
-    if cfg.shard and ckpt is not None and not sharded_ckpt:
-        raise ConfigError(f"sft.shard: {ckpt} is not a sharded checkpoint; resume it without sft.shard")
-    if sharded_ckpt:
-        check_sharded_resume(ckpt, lora=cfg.lora.enabled, sharded=cfg.shard, shard_key="sft.shard")
+    sharded_ckpt = check_sharded_resume(ckpt, lora=cfg.lora.enabled, sharded=cfg.shard, shard_key="sft.shard")
     policy = Policy.load(cfg.model, cfg.lora, None if sharded_ckpt else ckpt, device=device, options=cfg.model_load)
     model, tokenizer = policy.model, policy.tokenizer  # LoRA: only the adapters require grad
     model.train()

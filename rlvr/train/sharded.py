@@ -247,10 +247,18 @@ def restore_sharded(ckpt: Path, model, opt, sched, generator: torch.Generator) -
     return state
 
 
-def check_sharded_resume(ckpt: Path, *, lora: bool, sharded: bool, shard_key: str) -> None:
-    """A sharded checkpoint resumes only into the same kind of policy (LoRA or full weights), and
-    one with float32 masters under FSDP2's bf16 policy only sharded (its optimizer state is plain
-    AdamW's over float32 weights, not ``MasterWeightAdamW``'s); ``ConfigError`` naming the key."""
+def check_sharded_resume(ckpt: Path | None, *, lora: bool, sharded: bool, shard_key: str) -> bool:
+    """Whether the checkpoint ``ckpt`` (None: a fresh run) is sharded; ``ConfigError`` naming the
+    key where it cannot resume this run: a sharded run (``sharded``) needs a sharded checkpoint; a
+    sharded one resumes only into the same kind of policy (LoRA or full weights), and one with
+    float32 masters under FSDP2's bf16 policy only sharded (its optimizer state is plain AdamW's
+    over float32 weights, not ``MasterWeightAdamW``'s)."""
+    if ckpt is None:
+        return False
+    if not is_sharded_checkpoint(ckpt):
+        if sharded:
+            raise ConfigError(f"{shard_key}: {ckpt} is not a sharded checkpoint; resume it without {shard_key}")
+        return False
     state = load_trainer_state(ckpt)
     if state.get("mixed_precision", False) and not sharded:
         raise ConfigError(f"{ckpt} is a sharded checkpoint with float32 masters (optim.master_weights): resume it "
@@ -259,3 +267,4 @@ def check_sharded_resume(ckpt: Path, *, lora: bool, sharded: bool, shard_key: st
     if saved != lora:
         kind = "a LoRA run's (adapters on a frozen base)" if saved else "a full-weights run's"
         raise ConfigError(f"{ckpt} is {kind} sharded checkpoint: resume it with lora.enabled={str(saved).lower()}")
+    return True
