@@ -12,7 +12,7 @@ from rlvr.train.quickstart import QuickstartConfig, run_quickstart
 TOY = [
     "pretrain.steps=8", "pretrain.docs_per_domain=60", "pretrain.batch_size=8", "pretrain.seq_len=64",
     "pretrain.model.hidden_size=32", "pretrain.model.num_layers=1", "pretrain.model.intermediate_size=64",
-    "pretrain.model.num_heads=2", "pretrain.model.num_kv_heads=2",
+    "pretrain.model.num_heads=2", "pretrain.model.num_kv_heads=2", "pretrain.compile=false",
     "sft.steps=3", "sft.train_tasks=32", "sft.batch_size=8",
     "grpo.steps=2", "grpo.train_tasks=16", "grpo.rollout.tasks_per_step=2", "grpo.rollout.samples_per_task=4",
     "grpo.rollout.max_new_tokens=8", "eval.tasks=16", "eval.max_new_tokens=8",
@@ -145,6 +145,20 @@ def test_the_pipeline_runs_sft_dpo_grpo_and_reports_every_stage(tmp_path, capsys
     assert json.loads((out / "grpo" / "config.yaml").read_text().split("model: ")[1].split("\n")[0].join('""')) \
         == str(out / "dpo" / "final")
     assert "SFT + DPO + GRPO" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("native, compiler, precision, compiled", [
+    ("bf16", True, "bf16", True), ("bf16", False, "bf16", False), ("model", True, "model", False)])
+def test_the_prior_is_bf16_and_compiled_only_where_the_machine_pays_for_it(monkeypatch, native, compiler,
+                                                                           precision, compiled):
+    import rlvr.train.quickstart as qs
+
+    monkeypatch.setattr(qs, "native_precision", lambda: native)
+    monkeypatch.setattr(qs, "cpu_compiler_found", lambda: compiler)
+    pre = QuickstartConfig().pretrain
+    assert (pre.precision, pre.compile, pre.steps) == (precision, compiled, 1200)
+    grpo = QuickstartConfig().grpo  # the GRPO stage stays in the model's precision
+    assert (grpo.algo.precision, grpo.rollout.precision) == ("model", "model")
 
 
 def test_stages_are_checked():

@@ -64,11 +64,16 @@ def compiled_layers(model: torch.nn.Module, enabled: bool = True) -> Iterator[No
             layers[i] = e
 
 
-def check_cpu_compiler() -> None:
-    """Raise ``ConfigError`` when no C++ compiler is found: inductor's CPU kernels are C++ built at
-    run time (``$CXX``, else ``g++``, ``clang++`` or ``c++`` on the PATH)."""
+def cpu_compiler_found() -> bool:
+    """Whether inductor finds a C++ compiler for its CPU kernels (``$CXX``, else ``g++``,
+    ``clang++`` or ``c++`` on the PATH)."""
     cxx = os.environ.get("CXX")
-    if (cxx and shutil.which(cxx)) or any(shutil.which(c) for c in ("g++", "clang++", "c++")):
-        return
-    raise ConfigError("config key 'algo.compile': torch.compile on CPU builds C++ kernels at run time and no "
-                      "C++ compiler was found ($CXX, g++, clang++ or c++); install one or set algo.compile=false")
+    return bool((cxx and shutil.which(cxx)) or any(shutil.which(c) for c in ("g++", "clang++", "c++")))
+
+
+def check_cpu_compiler(key: str = "algo.compile") -> None:
+    """Raise ``ConfigError`` naming ``key`` when no C++ compiler is found: inductor's CPU kernels
+    are C++ built at run time."""
+    if not cpu_compiler_found():
+        raise ConfigError(f"config key '{key}': torch.compile on CPU builds C++ kernels at run time and no "
+                          f"C++ compiler was found ($CXX, g++, clang++ or c++); install one or set {key}=false")

@@ -22,13 +22,12 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rlvr.algos.kl import KL_ESTIMATORS, logprob_mismatch_kl
 from rlvr.algos.losses import AGGREGATIONS, POLICY_LOSSES
 from rlvr.algos.off_policy import correct_off_policy
 from rlvr.model.logprobs import sequence_logprobs
-from rlvr.rollout.engine import PRECISIONS, precision_autocast
+from rlvr.rollout.engine import precision_autocast
 from rlvr.train.batching import select
 from rlvr.faults import fault_point
 from rlvr.train.common import clip_and_step
@@ -39,6 +38,7 @@ from rlvr.train.memory import checkpointing, disable_activation_checkpointing, e
 from rlvr.train.memory_plan import plan
 from rlvr.train.packing import packed_logprobs
 from rlvr.train.phases import Prepared
+from rlvr.train.precision import training_attention
 from rlvr.train.token_batches import token_microbatches
 from rlvr.types import Batch, Scored
 
@@ -195,18 +195,6 @@ def frozen_logprobs(model, batch: Batch, a: AlgoConfig) -> torch.Tensor:
         lp = logprobs_of(model, select(batch, rows), a)
         out[rows, :lp.shape[1]] = lp.to(out.dtype)
     return out
-
-
-def training_attention(model, precision: str):
-    """The SDPA backend of the training forward: under bf16 autocast on CPU, the math backend
-    (attention as batched matmuls, differentiated op by op), because the CPU flash kernel's bf16
-    backward is slow (profiled at the benchmark's packed shapes, 13-14 rows x 196 tokens: 28 ms
-    per layer against 13 ms in fp32, 6x its forward). Forward + backward measured 8% faster on
-    the small benchmark model, 2% on the medium one (``docs/training_step.md``). Elsewhere (fp32,
-    GPU) torch's default choice."""
-    if PRECISIONS[precision] is None or next(model.parameters()).device.type != "cpu":
-        return contextlib.nullcontext()
-    return sdpa_kernel(SDPBackend.MATH)
 
 
 def off_policy_correction(run: Run, batch: Batch, kept: list[Scored], cfg: GRPOConfig) -> tuple[Batch, dict]:
