@@ -5,8 +5,10 @@
 The baseline is the SFT model, measured in the same run on the same held-out tasks (600 with the quickstart's defaults); the
 ratio is GRPO pass@1 / SFT pass@1. Pretraining is forced (no cache) so its time is measured, with
 its FLOP rate: 3 x (``model_flops_per_token`` + attention at half the sequence, causal) x the
-tokens it trained on, over its seconds, as a share of this machine's fp32 GEMM rate
-(``matmul_rate``, measured before and after the run; the median of the two).
+tokens it trained on, over its seconds, as a share of this machine's GEMM rate (``matmul_rate``,
+measured before and after the run; the median of the two) in fp32 and, when pretraining runs in
+bf16 (``pretrain.precision``, the quickstart's default where the CPU multiplies bf16 natively), in
+bf16 too.
 Prints a table and the idle CPU seen at the start (other load slows a run several-fold).
 """
 
@@ -53,14 +55,17 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     idle = idle_cpu()
-    rates = [matmul_rate()]
+    import torch
+
+    rates, bf16_rates = [matmul_rate()], [matmul_rate(dtype=torch.bfloat16)]
     shutil.rmtree(Path(args.out) / "pretrain", ignore_errors=True)  # measure pretraining too
     cfg = load_config(QuickstartConfig, None, args.overrides + [f"out={args.out}"])
     start = time.perf_counter()
     report = run_quickstart(cfg)
     wall = time.perf_counter() - start
     rates.append(matmul_rate())
-    gemm = statistics.median(rates)
+    bf16_rates.append(matmul_rate(dtype=torch.bfloat16))
+    gemm, bf16_gemm = statistics.median(rates), statistics.median(bf16_rates)
     pretrain_rate = pretrain_gflops(cfg, Path(args.out) / "pretrain" / "final", report["stage_seconds"]["pretrain"])
 
     rows = [(stage, f"{sec:.1f}") for stage, sec in report["stage_seconds"].items()]
@@ -68,8 +73,10 @@ def main() -> None:
     for stage, sec in rows:
         print(f"{stage:<18} {sec:>7}")
     print(f"{'total (wall)':<18} {wall:>7.1f}")
-    print(f"pretraining: {pretrain_rate:.1f} GFLOP/s = {100 * pretrain_rate / gemm:.0f}% of the fp32 GEMM rate "
-          f"({', '.join(f'{r:.0f}' for r in rates)} GFLOP/s before, after)")
+    print(f"pretraining ({cfg.pretrain.precision}, compile {cfg.pretrain.compile}): {pretrain_rate:.1f} GFLOP/s = "
+          f"{100 * pretrain_rate / gemm:.0f}% of the fp32 GEMM rate ({', '.join(f'{r:.0f}' for r in rates)} GFLOP/s "
+          f"before, after), {100 * pretrain_rate / bf16_gemm:.0f}% of the bf16 one "
+          f"({', '.join(f'{r:.0f}' for r in bf16_rates)})")
     o = report["overall"]
     ratio = o["rl_pass@1"] / o["sft_pass@1"] if o["sft_pass@1"] else float("inf")
     print(f"\nheld-out pass@1 ({report['eval']['tasks']} tasks, greedy)")
@@ -79,8 +86,10 @@ def main() -> None:
     print(f"{'all':<12} {100 * o['sft_pass@1']:>6.1f}% {100 * o['rl_pass@1']:>6.1f}% {o['delta_points']:>+7.1f}")
     print(f"GRPO / SFT pass@1 ratio: {ratio:.2f}   idle CPU at start: {100 * idle:.0f}%")
     result = {"stage_seconds": report["stage_seconds"], "wall_seconds": round(wall, 1), "idle_cpu": idle,
-              "gemm_gflops": rates, "pretrain_gflops": round(pretrain_rate, 1),
+              "gemm_gflops": rates, "bf16_gemm_gflops": bf16_rates, "pretrain_gflops": round(pretrain_rate, 1),
+              "pretrain_precision": cfg.pretrain.precision, "pretrain_compile": cfg.pretrain.compile,
               "pretrain_share_of_gemm": round(pretrain_rate / gemm, 3),
+              "pretrain_share_of_bf16_gemm": round(pretrain_rate / bf16_gemm, 3),
               "overall": o, "domains": report["domains"], "rl_over_sft_ratio": ratio,
               "overrides": args.overrides}
     if args.json_path:

@@ -53,6 +53,22 @@ def test_compiled_pretraining_runs_compiled_to_the_eager_losses(tmp_path):
     assert runs[True] == pytest.approx(runs[False], rel=1e-4)
 
 
+def test_bf16_pretraining_attends_eagerly_and_restores_the_models_attention():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlvr.train.precision import hf_training_attention
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2))
+    before = model.config._attn_implementation
+    assert before != "eager"
+    with hf_training_attention(model, "bf16"):
+        assert model.config._attn_implementation == "eager"
+    assert model.config._attn_implementation == before
+    with hf_training_attention(model, "model"):
+        assert model.config._attn_implementation == before
+
+
 def test_precision_names_are_checked():
     with pytest.raises(ConfigError, match="pretrain.precision"):
         load_config(pretrain.PretrainConfig, None, ["precision=fp8"])

@@ -59,8 +59,8 @@ class QuickstartConfig:
     """The prior, on math and code text: past the point where the tiny model picks up digit
     arithmetic and the shape of small Python functions. Its precision and compile follow the
     machine (``default_pretrain``)."""
-    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=20, domains=list(DOMAINS)))
-    """A deliberately short SFT (640 demonstrations): the model adopts the chat format but uses
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=15, domains=list(DOMAINS)))
+    """A deliberately short SFT (480 demonstrations): the model adopts the chat format but uses
     only part of what the prior knows, leaving RL real headroom."""
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(
         steps=350, domains=list(DOMAINS), train_tasks=1200,
