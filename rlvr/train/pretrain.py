@@ -25,10 +25,10 @@ from rlvr.monitor.trackers import TrackerConfig, open_trackers
 from rlvr.rollout.engine import PRECISIONS, precision_autocast
 from rlvr.tasks.base import DOMAINS
 from rlvr.train.allocator import keep_freed_memory
-from rlvr.train.compiled import check_cpu_compiler
-from rlvr.train.precision import hf_training_attention
 from rlvr.train.common import (OptimConfig, build_optimizer, clip_and_step, prepare_run_dir, restore_training_state,
                                seed_everything, training_state)
+from rlvr.train.compiled import check_cpu_compiler
+from rlvr.train.precision import hf_training_attention
 
 
 @dataclass
@@ -65,7 +65,7 @@ class PretrainConfig:
     """Run the model's forward and backward through ``torch.compile`` with static shapes (every
     step is [batch_size, seq_len]): one compile (about 25 s on 2 CPU cores, kept in inductor's
     on-disk cache for later runs), then RMSNorm, RoPE, SwiGLU and bf16 casts fused. It pays under
-    bf16 autocast (a step 1.2-1.5x faster here); in fp32 it measured no faster. On CPU it needs a
+    bf16 autocast (a step 1.3-1.5x faster here, docs/benchmarks.md); in fp32 it measured no faster. On CPU it needs a
     C++ compiler (``ConfigError`` without one)."""
     log_every: int = 25
     """Log train/* every this many steps."""

@@ -51,11 +51,23 @@ DOMAINS = ["math.arith", "math.word", "code.gen"]
 MAX_NEW_TOKENS = 64  # the longest code.gen reference is about 48 tokens
 
 
+def default_pretrain() -> PretrainConfig:
+    """The quickstart's pretraining: 1,200 steps on the three domains' text, under bf16 autocast
+    where this machine multiplies bf16 natively (``native_precision``: a CPU with AVX512-BF16 or
+    AMX), compiled too where a C++ compiler is found: a step about 2x faster than fp32 here (the
+    stage 1.3x, compile and data included), to the same SFT and GRPO quality (docs/benchmarks.md).
+    Elsewhere fp32, eager (bf16 there is slower than fp32, and compile in fp32 measured no faster).
+    GRPO stays fp32: bf16 measured no faster at this model size."""
+    precision = native_precision()
+    return PretrainConfig(domains=list(DOMAINS), steps=1200, precision=precision,
+                          compile=precision == "bf16" and cpu_compiler_found())
+
+
 @dataclass
 class QuickstartConfig:
     out: str = "runs/quickstart"
     """Directory for every stage's output and the report."""
-    pretrain: PretrainConfig = field(default_factory=lambda: default_pretrain())
+    pretrain: PretrainConfig = field(default_factory=default_pretrain)
     """The prior, on math and code text: past the point where the tiny model picks up digit
     arithmetic and the shape of small Python functions. Its precision and compile follow the
     machine (``default_pretrain``)."""
@@ -84,18 +96,6 @@ class QuickstartConfig:
     def __post_init__(self) -> None:
         if self.stages not in (["sft", "grpo"], ["sft", "dpo", "grpo"]):
             raise ConfigError(f"config key 'stages' must be [sft, grpo] or [sft, dpo, grpo], got {self.stages}")
-
-
-def default_pretrain() -> PretrainConfig:
-    """The quickstart's pretraining: 1,200 steps on the three domains' text, under bf16 autocast
-    where this machine multiplies bf16 natively (``native_precision``: a CPU with AVX512-BF16 or
-    AMX), compiled too where a C++ compiler is found: a step 1.5-2x faster than fp32 here, to the
-    same SFT and GRPO quality (docs/benchmarks.md). Elsewhere fp32, eager (bf16 there is slower
-    than fp32, and compile in fp32 measured no faster). GRPO stays fp32: bf16 measured no faster
-    at this model size."""
-    precision = native_precision()
-    return PretrainConfig(domains=list(DOMAINS), steps=1200, precision=precision,
-                          compile=precision == "bf16" and cpu_compiler_found())
 
 
 def _cache_key(cfg: PretrainConfig) -> str:
